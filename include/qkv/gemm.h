@@ -1,0 +1,21 @@
+// qkv/gemm.h: matrix multiplication through the BLAS (Debian's OpenBLAS, OpenMP build).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace qkv {
+
+// C (M, N) = alpha * op(A) op(B) + beta * C, row-major. op(X) = X or X^T.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+struct BlasInfo {
+  std::string library;   // "OpenBLAS 0.3.21 ..."
+  std::string corename;  // the kernel OpenBLAS picked, e.g. "Haswell", "SkylakeX", "Prescott"
+  std::string threading; // "openmp", "pthreads" or "sequential"
+  bool generic_fallback; // true when the picked kernel is far below what this CPU supports
+  std::string advice;    // how to fix a fallback (OPENBLAS_CORETYPE=...), empty otherwise
+};
+BlasInfo blas_info();
+
+}  // namespace qkv

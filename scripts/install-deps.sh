@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what qkv needs to build, test and benchmark, from Debian 12's archive only.
+# Idempotent: does nothing (and needs no network) when everything is already installed.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-openmp-dev      # GEMM (OpenMP build: shares qkv's thread pool)
+  libgtest-dev                # tests
+  libcli11-dev                # command line
+  nlohmann-json3-dev          # --json output
+  python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: run as root (or install sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine: install dependencies, build (Release),
+# run every test; then build the core tests with AddressSanitizer + UndefinedBehaviorSanitizer
+# and run them again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc 2>/dev/null || echo 2)
+
+scripts/install-deps.sh
+echo "== build (Release)"
+scripts/build.sh
+echo "== tests (Release)"
+(cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
+
+echo "== core tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=ON -DQKV_BUILD_TOOLS=OFF >/dev/null
+cmake --build build-asan -j "$jobs" --target test_core test_attention
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+   ctest --output-on-failure -j "$jobs" -L core --timeout 1800)
+echo "== all tests passed"

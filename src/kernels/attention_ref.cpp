@@ -1,0 +1,158 @@
+#include "kernels/attention_ref.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace qkv::kernels {
+namespace {
+
+// P <- softmax(Q K^T * scale + bias) for one (b, h), written densely as (Tq, Tk); the row's
+// logsumexp goes to lse[i]. Blocked pairs get probability 0; a row with none allowed is all 0.
+template <class T>
+void probabilities(const AttnInputs<T>& in, int64_t b, int64_t h, T* P, T* lse) {
+  const AttnShape& s = in.s;
+  const int64_t hk = h / (s.H / s.Hkv);
+  const T* q = in.q + b * in.qs.b + h * in.qs.h;
+  const T* k = in.k + b * in.ks.b + hk * in.ks.h;
+  const T scale = static_cast<T>(in.scale);
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < s.Tq; ++i) {
+    T* row = P + i * s.Tk;
+    const KeyRange r = key_range(s, in.m, b, i);
+    const int64_t p = query_pos(s, in.m, i);
+    // s_ij <- scale * q_i . k_j + bias_ij     (blocked: -inf)
+    T mx = ninf;
+    for (int64_t j = 0; j < s.Tk; ++j) {
+      if (j < r.lo || j >= r.hi) {
+        row[j] = ninf;
+        continue;
+      }
+      T bias = in.m.elementwise() ? elementwise_bias<T>(in.m, b, h, i, j, p) : T(0);
+      if (bias == ninf) {
+        row[j] = ninf;
+        continue;
+      }
+      T dot = 0;
+      for (int64_t d = 0; d < s.Dk; ++d) dot += q[i * in.qs.t + d] * k[j * in.ks.t + d];
+      row[j] = dot * scale + bias;
+      mx = std::max(mx, row[j]);
+    }
+    if (mx == ninf) {  // no allowed key: zeros, never NaN
+      std::fill(row, row + s.Tk, T(0));
+      lse[i] = ninf;
+      continue;
+    }
+    // p_ij <- exp(s_ij - max) / sum_r exp(s_ir - max)
+    T sum = 0;
+    for (int64_t j = 0; j < s.Tk; ++j) {
+      row[j] = row[j] == ninf ? T(0) : std::exp(row[j] - mx);
+      sum += row[j];
+    }
+    for (int64_t j = 0; j < s.Tk; ++j) row[j] /= sum;
+    lse[i] = mx + std::log(sum);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_ref_forward(const AttnInputs<T>& in, T* out, T* lse, int threads) {
+  const AttnShape& s = in.s;
+  const int64_t BH = s.B * s.H;
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<T> P(static_cast<size_t>(s.Tq * s.Tk));
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H, hk = h / (s.H / s.Hkv);
+      probabilities(in, b, h, P.data(), lse + bh * s.Tq);
+      // out_i <- sum_j p_ij v_j
+      const T* v = in.v + b * in.vs.b + hk * in.vs.h;
+      T* o = out + bh * s.Tq * s.Dv;
+      for (int64_t i = 0; i < s.Tq; ++i) {
+        T* orow = o + i * s.Dv;
+        std::fill(orow, orow + s.Dv, T(0));
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          const T pij = P[i * s.Tk + j];
+          if (pij == T(0)) continue;  // blocked keys' values are never read
+          for (int64_t d = 0; d < s.Dv; ++d) orow[d] += pij * v[j * in.vs.t + d];
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk, T* dv, int threads) {
+  const AttnShape& s = in.s;
+  const int64_t group = s.H / s.Hkv;
+  const T scale = static_cast<T>(in.scale);
+  std::fill(dk, dk + s.B * s.Hkv * s.Tk * s.Dk, T(0));
+  std::fill(dv, dv + s.B * s.Hkv * s.Tk * s.Dv, T(0));
+  // One (b, kv-head) per task: the heads sharing it accumulate into its dk, dv in order.
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<T> P(static_cast<size_t>(s.Tq * s.Tk)), dP(static_cast<size_t>(s.Tq * s.Tk));
+    std::vector<T> lse(static_cast<size_t>(s.Tq));
+#pragma omp for schedule(static)
+    for (int64_t bk = 0; bk < s.B * s.Hkv; ++bk) {
+      const int64_t b = bk / s.Hkv, hk = bk % s.Hkv;
+      const T* k = in.k + b * in.ks.b + hk * in.ks.h;
+      const T* v = in.v + b * in.vs.b + hk * in.vs.h;
+      T* dkb = dk + bk * s.Tk * s.Dk;
+      T* dvb = dv + bk * s.Tk * s.Dv;
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const int64_t bh = b * s.H + h;
+        const T* q = in.q + b * in.qs.b + h * in.qs.h;
+        const T* dO = dout + bh * s.Tq * s.Dv;
+        T* dqb = dq + bh * s.Tq * s.Dk;
+        probabilities(in, b, h, P.data(), lse.data());
+        for (int64_t i = 0; i < s.Tq; ++i) {
+          const T* Pi = &P[i * s.Tk];
+          T* dPi = &dP[i * s.Tk];
+          // dP_ij <- dO_i . v_j ;  D_i <- sum_j P_ij dP_ij
+          T Di = 0;
+          for (int64_t j = 0; j < s.Tk; ++j) {
+            if (Pi[j] == T(0)) {
+              dPi[j] = 0;
+              continue;
+            }
+            T acc = 0;
+            for (int64_t d = 0; d < s.Dv; ++d) acc += dO[i * s.Dv + d] * v[j * in.vs.t + d];
+            dPi[j] = acc;
+            Di += Pi[j] * acc;
+          }
+          // dS_ij <- P_ij (dP_ij - D_i);  dV_j += P_ij dO_i;  dQ_i = scale sum_j dS_ij k_j;  dK_j += scale dS_ij q_i
+          T* dqi = dqb + i * s.Dk;
+          std::fill(dqi, dqi + s.Dk, T(0));
+          for (int64_t j = 0; j < s.Tk; ++j) {
+            if (Pi[j] == T(0)) continue;
+            const T dS = Pi[j] * (dPi[j] - Di) * scale;
+            for (int64_t d = 0; d < s.Dv; ++d) dvb[j * s.Dv + d] += Pi[j] * dO[i * s.Dv + d];
+            for (int64_t d = 0; d < s.Dk; ++d) {
+              dqi[d] += dS * k[j * in.ks.t + d];
+              dkb[j * s.Dk + d] += dS * q[i * in.qs.t + d];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+size_t attention_ref_scratch_bytes(const AttnShape& s, bool backward, int threads, size_t elem_size) {
+  const size_t per_thread = static_cast<size_t>(s.Tq * s.Tk) * (backward ? 2 : 1) + (backward ? s.Tq : 0);
+  const int64_t tasks = backward ? s.B * s.Hkv : s.B * s.H;
+  return per_thread * elem_size * static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
+}
+
+template void attention_ref_forward<float>(const AttnInputs<float>&, float*, float*, int);
+template void attention_ref_forward<double>(const AttnInputs<double>&, double*, double*, int);
+template void attention_ref_backward<float>(const AttnInputs<float>&, const float*, float*, float*, float*, int);
+template void attention_ref_backward<double>(const AttnInputs<double>&, const double*, double*, double*, double*, int);
+
+}  // namespace qkv::kernels

@@ -1,0 +1,540 @@
+// The tiled attention kernel body. This file is compiled once per ISA (QKV_ISA names the
+// namespace, QKV_VEC_WIDTH the vector width W); flash_attention.cpp picks one at run time.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/flash_attention.h"
+#include "kernels/simd/vec.h"
+
+namespace qkv::kernels::QKV_ISA {
+namespace {
+
+using simd::vf;
+using simd::W;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// Tile GEMM: C (M, N) (+)= A (M, K) B (K, N), row-major, N a multiple of W, B readable in whole
+// vectors. A register-blocked micro-kernel of MR rows x NV vectors, the accumulators held in
+// registers across the K loop.
+constexpr int NV = 2;
+constexpr int NR = NV * W;
+constexpr int MR = W == 16 ? 12 : 6;
+
+template <int M, int NVEC>
+void ukernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+             bool accumulate) {
+  vf c[M][NVEC];
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) c[r][v] = accumulate ? simd::load(C + r * ldc + v * W) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NVEC];
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) b[v] = simd::load(B + k * ldb + v * W);
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) {
+      const vf a = simd::set1(A[r * lda + k]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NVEC; ++v) c[r][v] = simd::fma(a, b[v], c[r][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) simd::store(C + r * ldc + v * W, c[r][v]);
+}
+
+using UkernelFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+
+template <int... Ms>
+struct UkernelTable {
+  UkernelFn fn[sizeof...(Ms)][NV];
+  constexpr UkernelTable() : fn{{&ukernel<Ms + 1, 1>, &ukernel<Ms + 1, 2>}...} {}
+};
+template <size_t... I>
+constexpr auto make_table(std::index_sequence<I...>) {
+  return UkernelTable<static_cast<int>(I)...>{};
+}
+constexpr auto kUkernels = make_table(std::make_index_sequence<MR>{});
+static_assert(NV == 2, "the micro-kernel table is written for two vectors per row");
+
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C,
+          int64_t ldc, bool accumulate) {
+  for (int64_t j = 0; j < N; j += NR) {
+    const int nv = N - j >= NR ? NV : static_cast<int>((N - j) / W);
+    for (int64_t i = 0; i < M; i += MR) {
+      const int m = static_cast<int>(std::min<int64_t>(MR, M - i));
+      kUkernels.fn[m - 1][nv - 1](K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workspace layout: computed in one place for both the size query and the kernel.
+constexpr int64_t Bq = 48;  // queries per block (a multiple of W and of MR)
+constexpr int64_t Bk = 64;  // keys per block (a multiple of W)
+static_assert(Bq % W == 0 && Bk % W == 0 && Bq % MR == 0, "block sizes");
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+struct Layout {
+  int64_t Dk_pad, Dv_pad, Tq_pad, Tk_pad, nqb, nkb;
+  // byte offsets; SIZE_MAX = not used by this pass
+  size_t qs_rows = 0, qs_t = 0, k_rows = 0, k_t = 0, v_rows = 0, v_t = 0, do_rows = 0, do_t = 0, drow = 0,
+         lse_eff = 0, qrange = 0;
+  size_t thread_base = 0, thread_stride = 0, total = 0;
+  // per-thread float offsets (in floats from the thread's base)
+  size_t t_s = 0, t_dp = 0, t_acc = 0, t_acc2 = 0, t_m = 0, t_l = 0, t_q = 0;
+  // Forward packs only K^T globally: each query block is scaled into the thread's slice, and
+  // V is read in place when its rows are whole vectors (Dv % W == 0; the op guarantees a
+  // contiguous last dimension). Backward packs everything.
+  bool pack_q_rows = false, pack_v_rows = false;
+
+  Layout(const AttnShape& s, int threads, bool backward) {
+    Dk_pad = round_up(std::max<int64_t>(s.Dk, 1), W);
+    Dv_pad = round_up(std::max<int64_t>(s.Dv, 1), W);
+    Tq_pad = round_up(std::max<int64_t>(s.Tq, 1), W);
+    Tk_pad = round_up(std::max<int64_t>(s.Tk, 1), W) + W;
+    nqb = (s.Tq + Bq - 1) / Bq;
+    nkb = (s.Tk + Bk - 1) / Bk;
+    const size_t BH = s.B * s.H, BHkv = s.B * s.Hkv;
+    size_t at = 0;
+    auto take = [&](size_t floats) {
+      size_t off = at;
+      at += round_up(static_cast<int64_t>(floats * sizeof(float)), 64);
+      return off;
+    };
+    pack_q_rows = backward;
+    pack_v_rows = backward || s.Dv % W != 0;
+    if (pack_q_rows) qs_rows = take(BH * s.Tq * Dk_pad);
+    k_t = take(BHkv * Dk_pad * Tk_pad);
+    if (pack_v_rows) v_rows = take(BHkv * s.Tk * Dv_pad);
+    if (backward) {
+      qs_t = take(BH * Dk_pad * Tq_pad);
+      k_rows = take(BHkv * s.Tk * Dk_pad);
+      v_t = take(BHkv * Dv_pad * Tk_pad);
+      do_rows = take(BH * s.Tq * Dv_pad);
+      do_t = take(BH * Dv_pad * Tq_pad);
+      drow = take(BH * Tq_pad);
+      lse_eff = take(BH * Tq_pad);
+      qrange = take(s.B * nqb * 2 * (sizeof(int64_t) / sizeof(float)));
+    }
+    thread_base = at;
+    size_t t = 0;
+    auto take_t = [&](size_t floats) {
+      size_t off = t;
+      t += round_up(static_cast<int64_t>(floats), 16);  // 64-byte aligned
+      return off;
+    };
+    if (!backward) {
+      t_s = take_t(Bq * Bk);
+      t_acc = take_t(Bq * Dv_pad);
+      t_m = take_t(Bq);
+      t_l = take_t(Bq);
+      t_q = take_t(Bq * Dk_pad);
+    } else {
+      // pass 1 uses (Bk x Bq) tiles and (Bk x D) accumulators; pass 2 (Bq x Bk) and (Bq x Dk).
+      t_s = take_t(Bq * Bk);
+      t_dp = take_t(Bq * Bk);
+      t_acc = take_t(Bk * std::max(Dk_pad, Dv_pad));
+      t_acc2 = take_t(Bk * Dv_pad);
+    }
+    thread_stride = t * sizeof(float);
+    total = thread_base + thread_stride * static_cast<size_t>(std::max(threads, 1));
+  }
+};
+
+template <class T>
+T* at(void* ws, size_t off) {
+  return reinterpret_cast<T*>(static_cast<char*>(ws) + off);
+}
+
+inline int64_t key_limit(const AttnShape& s, const MaskParams& m, int64_t b) {
+  return m.key_len ? std::clamp<int64_t>(m.key_len[b], 0, s.Tk) : s.Tk;
+}
+
+// dst (rows, ld) <- scale * src rows (rows, cols) with row stride src_ld; zero padding.
+// finite_only: NaN and inf become 0. Used for K as the right operand of dQ <- dS K, where a
+// blocked key (dS = 0) must contribute nothing even if its row holds NaN; a NaN in an allowed
+// key still reaches dQ through dS, since it made that row's lse NaN.
+void pack_rows(const float* src, int64_t src_ld, int64_t rows, int64_t valid_rows, int64_t cols, float scale,
+               float* dst, int64_t ld, bool finite_only = false) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* d = dst + r * ld;
+    if (r < valid_rows) {
+      const float* sp = src + r * src_ld;
+      for (int64_t c = 0; c < cols; ++c) d[c] = sp[c] * scale;
+      if (finite_only)
+        for (int64_t c = 0; c < cols; ++c) d[c] = std::isfinite(d[c]) ? d[c] : 0.0f;
+      std::fill(d + cols, d + ld, 0.0f);
+    } else {
+      std::fill(d, d + ld, 0.0f);
+    }
+  }
+}
+
+// dst (cols_pad, ld) <- (scale * src (rows, cols))^T, zero padding; rows >= valid_rows are zero.
+void pack_transposed(const float* src, int64_t src_ld, int64_t rows, int64_t valid_rows, int64_t cols,
+                     int64_t cols_pad, float scale, float* dst, int64_t ld) {
+  std::fill(dst, dst + cols_pad * ld, 0.0f);
+  constexpr int64_t kB = 16;  // transpose in small squares for locality
+  for (int64_t r0 = 0; r0 < valid_rows; r0 += kB)
+    for (int64_t c0 = 0; c0 < cols; c0 += kB)
+      for (int64_t r = r0; r < std::min(r0 + kB, valid_rows); ++r)
+        for (int64_t c = c0; c < std::min(c0 + kB, cols); ++c) dst[c * ld + r] = src[r * src_ld + c] * scale;
+  (void)rows;
+}
+
+// score <- score + bias, where a blocked pair (bias -inf) becomes -inf even if its score was
+// NaN or inf (a blocked key's contents must not matter).
+inline void add_bias(float& score, float bias) { score = bias == kNegInf ? kNegInf : score + bias; }
+
+// Scores tile S (rows, nc) for query rows i0.. and keys k0..: block what the masks block, add
+// the elementwise bias, and set the padding columns c >= nk to -inf. Returns nothing; `full`
+// tiles (every pair allowed, no bias) only need the padding columns.
+void mask_tile(const AttnInputs<float>& in, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t k0, int64_t nk,
+               int64_t nc, const KeyRange* range, float* S, int64_t ld) {
+  bool full = !in.m.elementwise();
+  for (int64_t r = 0; r < rows && full; ++r) full = range[r].lo <= k0 && range[r].hi >= k0 + nk;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = S + r * ld;
+    if (!full) {
+      const int64_t i = i0 + r;
+      const int64_t p = query_pos(in.s, in.m, i);
+      const int64_t lo = std::clamp<int64_t>(range[r].lo - k0, 0, nk);
+      const int64_t hi = std::clamp<int64_t>(range[r].hi - k0, lo, nk);
+      for (int64_t c = 0; c < lo; ++c) row[c] = kNegInf;
+      if (in.m.elementwise())
+        for (int64_t c = lo; c < hi; ++c) add_bias(row[c], elementwise_bias<float>(in.m, b, h, i, k0 + c, p));
+      for (int64_t c = hi; c < nk; ++c) row[c] = kNegInf;
+    }
+    for (int64_t c = nk; c < nc; ++c) row[c] = kNegInf;
+  }
+}
+
+// The same for a transposed tile St (nk rows of keys, columns = query rows).
+void mask_tile_t(const AttnInputs<float>& in, int64_t b, int64_t h, int64_t i0, int64_t mq, int64_t k0, int64_t nk,
+                 const KeyRange* range, float* St, int64_t ld) {
+  bool full = !in.m.elementwise();
+  for (int64_t r = 0; r < mq && full; ++r) full = range[r].lo <= k0 && range[r].hi >= k0 + nk;
+  if (full) return;  // padding columns (query rows >= mq) are zeroed through lse_eff = +inf
+  for (int64_t r = 0; r < mq; ++r) {
+    const int64_t i = i0 + r;
+    const int64_t p = query_pos(in.s, in.m, i);
+    for (int64_t c = 0; c < nk; ++c) {
+      const int64_t j = k0 + c;
+      float& x = St[c * ld + r];
+      if (j < range[r].lo || j >= range[r].hi)
+        x = kNegInf;
+      else if (in.m.elementwise())
+        add_bias(x, elementwise_bias<float>(in.m, b, h, i, j, p));
+    }
+  }
+}
+
+void query_ranges(const AttnInputs<float>& in, int64_t b, int64_t i0, int64_t mq, KeyRange* range, int64_t* lo,
+                  int64_t* hi) {
+  *lo = in.s.Tk;
+  *hi = 0;
+  for (int64_t r = 0; r < mq; ++r) {
+    range[r] = key_range(in.s, in.m, b, i0 + r);
+    if (range[r].lo < range[r].hi) {
+      *lo = std::min(*lo, range[r].lo);
+      *hi = std::max(*hi, range[r].hi);
+    }
+  }
+  if (*hi <= *lo) *lo = *hi = 0;
+}
+
+// Pack what the forward pass reads (also used by backward). Runs inside a parallel region.
+void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
+  const AttnShape& s = in.s;
+  const float scale = static_cast<float>(in.scale);
+  if (L.pack_q_rows) {
+#pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < s.B * s.H; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H;
+      // Qs <- scale * Q   (rows padded to Dk_pad)
+      pack_rows(in.q + b * in.qs.b + h * in.qs.h, in.qs.t, s.Tq, s.Tq, s.Dk, scale,
+                at<float>(ws, L.qs_rows) + bh * s.Tq * L.Dk_pad, L.Dk_pad);
+    }
+  }
+#pragma omp for schedule(static)
+  for (int64_t bk = 0; bk < s.B * s.Hkv; ++bk) {
+    const int64_t b = bk / s.Hkv, hk = bk % s.Hkv;
+    const int64_t kl = key_limit(s, in.m, b);  // keys past a row's length are never read
+    const float* k = in.k + b * in.ks.b + hk * in.ks.h;
+    const float* v = in.v + b * in.vs.b + hk * in.vs.h;
+    pack_transposed(k, in.ks.t, s.Tk, kl, s.Dk, L.Dk_pad, 1.0f, at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad,
+                    L.Tk_pad);
+    if (L.pack_v_rows)
+      pack_rows(v, in.vs.t, s.Tk, kl, s.Dv, 1.0f, at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad, L.Dv_pad);
+  }
+}
+
+// One block of Bq query rows of one (b, h), all of its keys.
+void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float* tws, int64_t b, int64_t h,
+                   int64_t qb, float* out, float* lse) {
+  const AttnShape& s = in.s;
+  const int64_t bh = b * s.H + h, bk = b * s.Hkv + h / (s.H / s.Hkv);
+  const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0);
+  float* S = tws + L.t_s;      // (Bq, Bk) scores, then probabilities
+  float* O = tws + L.t_acc;    // (Bq, Dv_pad) unnormalised output
+  float* m = tws + L.t_m;      // (Bq) running max
+  float* l = tws + L.t_l;      // (Bq) running sum
+  KeyRange range[Bq];
+  int64_t blo, bhi;
+  query_ranges(in, b, i0, mq, range, &blo, &bhi);
+
+  // Qs <- scale * Q for this block
+  float* qs = tws + L.t_q;
+  pack_rows(in.q + b * in.qs.b + h * in.qs.h + i0 * in.qs.t, in.qs.t, mq, mq, s.Dk, static_cast<float>(in.scale), qs,
+            L.Dk_pad);
+  const float* kt = at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad;
+  const int64_t hk = h / (s.H / s.Hkv);
+  const float* vr = L.pack_v_rows ? at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad : in.v + b * in.vs.b + hk * in.vs.h;
+  const int64_t ldv = L.pack_v_rows ? L.Dv_pad : in.vs.t;
+  std::fill(m, m + mq, kNegInf);
+  std::fill(l, l + mq, 0.0f);
+  std::fill(O, O + mq * L.Dv_pad, 0.0f);
+
+  for (int64_t k0 = blo; k0 < bhi; k0 += Bk) {
+    const int64_t nk = std::min(Bk, bhi - k0), nc = round_up(nk, W);
+    // S <- Qs K^T   (the scale is already in Qs)
+    gemm(mq, nc, s.Dk, qs, L.Dk_pad, kt + k0, L.Tk_pad, S, Bk, false);
+    mask_tile(in, b, h, i0, mq, k0, nk, nc, range, S, Bk);
+    for (int64_t r = 0; r < mq; ++r) {
+      float* row = S + r * Bk;
+      // m_new <- max(m_old, rowmax S)
+      vf vmx = simd::set1(kNegInf);
+      for (int64_t c = 0; c < nc; c += W) vmx = simd::vmax(vmx, simd::load(row + c));
+      const float m_new = std::max(m[r], simd::hmax(vmx));
+      const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a row blocked so far stays all zero
+      // P <- exp(S - m_new);  l <- l * exp(m_old - m_new) + rowsum P
+      const vf vm = simd::set1(m_use);
+      vf vsum = vf{};
+      for (int64_t c = 0; c < nc; c += W) {
+        const vf p = simd::exp(simd::load(row + c) - vm);
+        simd::store(row + c, p);
+        vsum += p;
+      }
+      const float alpha = std::exp(m[r] - m_use);
+      l[r] = l[r] * alpha + simd::hsum(vsum);
+      m[r] = m_new;
+      // O <- O * exp(m_old - m_new)
+      if (alpha != 1.0f) {
+        const vf va = simd::set1(alpha);
+        float* o = O + r * L.Dv_pad;
+        for (int64_t c = 0; c < L.Dv_pad; c += W) simd::store(o + c, simd::load(o + c) * va);
+      }
+    }
+    // O <- O + P V
+    gemm(mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true);
+  }
+  // out <- O / l ;  lse <- m + log(l)   (a row with no allowed key: zeros and -inf)
+  for (int64_t r = 0; r < mq; ++r) {
+    float* o = out + (bh * s.Tq + i0 + r) * s.Dv;
+    if (l[r] > 0.0f) {
+      const float inv = 1.0f / l[r];
+      for (int64_t d = 0; d < s.Dv; ++d) o[d] = O[r * L.Dv_pad + d] * inv;
+      lse[bh * s.Tq + i0 + r] = m[r] + std::log(l[r]);
+    } else {
+      std::fill(o, o + s.Dv, 0.0f);
+      lse[bh * s.Tq + i0 + r] = kNegInf;
+    }
+  }
+}
+
+}  // namespace
+
+size_t flash_forward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, false).total; }
+
+void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads) {
+  const AttnShape& s = in.s;
+  if (s.Tq == 0 || s.B == 0 || s.H == 0) return;
+  const Layout L(s, threads, false);
+  const int64_t items = s.B * s.H * L.nqb;
+#pragma omp parallel num_threads(threads)
+  {
+    pack_forward(in, L, ws);
+    float* tws = at<float>(ws, L.thread_base + L.thread_stride * omp_get_thread_num());
+    // Largest blocks first (the last query blocks under a causal mask) to balance the threads.
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < items; ++it) {
+      const int64_t qb = L.nqb - 1 - it % L.nqb, bh = it / L.nqb;
+      forward_block(in, L, ws, tws, bh / s.H, bh % s.H, qb, out, lse);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backward. Pass 1: per (b, kv-head, key block), dK and dV over every query block of every head
+// that shares the kv-head. Pass 2: per (b, head, query block), dQ over its keys.
+
+size_t flash_backward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, true).total; }
+
+void flash_backward(const AttnInputs<float>& in, const float* out, const float* dout, const float* lse, float* dq,
+                    float* dk, float* dv, void* ws, int threads) {
+  const AttnShape& s = in.s;
+  const int64_t BH = s.B * s.H, BHkv = s.B * s.Hkv, group = s.H / std::max<int64_t>(s.Hkv, 1);
+  if (BHkv > 0 && s.Tk > 0) {
+    std::fill(dk, dk + BHkv * s.Tk * s.Dk, 0.0f);
+    std::fill(dv, dv + BHkv * s.Tk * s.Dv, 0.0f);
+  }
+  if (BH == 0 || s.Tq == 0) return;
+  std::fill(dq, dq + BH * s.Tq * s.Dk, 0.0f);
+  if (s.Tk == 0) return;
+  const Layout L(s, threads, true);
+  float* qs_rows = at<float>(ws, L.qs_rows);
+  float* qs_t = at<float>(ws, L.qs_t);
+  float* k_rows = at<float>(ws, L.k_rows);
+  float* k_t = at<float>(ws, L.k_t);
+  float* v_rows = at<float>(ws, L.v_rows);
+  float* v_t = at<float>(ws, L.v_t);
+  float* do_rows = at<float>(ws, L.do_rows);
+  float* do_t = at<float>(ws, L.do_t);
+  float* drow = at<float>(ws, L.drow);
+  float* lse_eff = at<float>(ws, L.lse_eff);
+  int64_t* qrange = at<int64_t>(ws, L.qrange);
+  const float scale = static_cast<float>(in.scale);
+
+#pragma omp parallel num_threads(threads)
+  {
+    pack_forward(in, L, ws);
+#pragma omp for schedule(static) nowait
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const int64_t b = bh / s.H, h = bh % s.H;
+      const float* q = in.q + b * in.qs.b + h * in.qs.h;
+      const float* dO = dout + bh * s.Tq * s.Dv;
+      const float* O = out + bh * s.Tq * s.Dv;
+      pack_transposed(q, in.qs.t, s.Tq, s.Tq, s.Dk, L.Dk_pad, scale, qs_t + bh * L.Dk_pad * L.Tq_pad, L.Tq_pad);
+      pack_rows(dO, s.Dv, s.Tq, s.Tq, s.Dv, 1.0f, do_rows + bh * s.Tq * L.Dv_pad, L.Dv_pad);
+      pack_transposed(dO, s.Dv, s.Tq, s.Tq, s.Dv, L.Dv_pad, 1.0f, do_t + bh * L.Dv_pad * L.Tq_pad, L.Tq_pad);
+      // D_i <- sum_d dO_id O_id ;  lse_eff <- lse, or +inf where no key is allowed / padding,
+      // so that exp(s - lse_eff) is exactly 0 there.
+      for (int64_t i = 0; i < L.Tq_pad; ++i) {
+        double acc = 0;
+        if (i < s.Tq)
+          for (int64_t d = 0; d < s.Dv; ++d) acc += static_cast<double>(dO[i * s.Dv + d]) * O[i * s.Dv + d];
+        drow[bh * L.Tq_pad + i] = static_cast<float>(acc);
+        const float x = i < s.Tq ? lse[bh * s.Tq + i] : kNegInf;
+        lse_eff[bh * L.Tq_pad + i] = x == kNegInf ? kPosInf : x;
+      }
+    }
+#pragma omp for schedule(static) nowait
+    for (int64_t bk = 0; bk < BHkv; ++bk) {
+      const int64_t b = bk / s.Hkv, hk = bk % s.Hkv;
+      const int64_t kl = key_limit(s, in.m, b);
+      pack_rows(in.k + b * in.ks.b + hk * in.ks.h, in.ks.t, s.Tk, kl, s.Dk, 1.0f, k_rows + bk * s.Tk * L.Dk_pad,
+                L.Dk_pad, /*finite_only=*/true);
+      pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, s.Tk, kl, s.Dv, L.Dv_pad, 1.0f,
+                      v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad);
+    }
+#pragma omp for schedule(static)
+    for (int64_t bq = 0; bq < s.B * L.nqb; ++bq) {
+      const int64_t b = bq / L.nqb, i0 = (bq % L.nqb) * Bq;
+      KeyRange range[Bq];
+      query_ranges(in, b, i0, std::min(Bq, s.Tq - i0), range, &qrange[2 * bq], &qrange[2 * bq + 1]);
+    }
+
+    float* tws = at<float>(ws, L.thread_base + L.thread_stride * omp_get_thread_num());
+    // ---- pass 1: dK, dV
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < BHkv * L.nkb; ++it) {
+      const int64_t bk = it / L.nkb, b = bk / s.Hkv, hk = bk % s.Hkv;
+      const int64_t k0 = (it % L.nkb) * Bk, nk = std::min(Bk, s.Tk - k0);
+      if (k0 >= key_limit(s, in.m, b)) continue;  // padding keys: zero gradient
+      float* St = tws + L.t_s;      // (Bk, Bq) scores^T, then P^T, then dS^T
+      float* dPt = tws + L.t_dp;    // (Bk, Bq)
+      float* dKacc = tws + L.t_acc; // (Bk, Dk_pad)
+      float* dVacc = tws + L.t_acc2;// (Bk, Dv_pad)
+      std::fill(dKacc, dKacc + nk * L.Dk_pad, 0.0f);
+      std::fill(dVacc, dVacc + nk * L.Dv_pad, 0.0f);
+      const float* kr = k_rows + (bk * s.Tk + k0) * L.Dk_pad;
+      const float* vr = v_rows + (bk * s.Tk + k0) * L.Dv_pad;
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        const int64_t bh = b * s.H + h;
+        for (int64_t qb = 0; qb < L.nqb; ++qb) {
+          const int64_t qlo = qrange[2 * (b * L.nqb + qb)], qhi = qrange[2 * (b * L.nqb + qb) + 1];
+          if (qhi <= k0 || qlo >= k0 + nk) continue;
+          const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0), mqp = round_up(mq, W);
+          KeyRange range[Bq];
+          int64_t lo_, hi_;
+          query_ranges(in, b, i0, mq, range, &lo_, &hi_);
+          // S^T <- K Qs^T
+          gemm(nk, mqp, s.Dk, kr, L.Dk_pad, qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
+          mask_tile_t(in, b, h, i0, mq, k0, nk, range, St, Bq);
+          // P^T <- exp(S^T - lse)
+          const float* le = lse_eff + bh * L.Tq_pad + i0;
+          for (int64_t c = 0; c < nk; ++c)
+            for (int64_t r = 0; r < mqp; r += W)
+              simd::store(St + c * Bq + r, simd::exp(simd::load(St + c * Bq + r) - simd::load(le + r)));
+          // dV <- dV + P^T dO
+          gemm(nk, L.Dv_pad, mq, St, Bq, do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
+          // dP^T <- V dO^T
+          gemm(nk, mqp, s.Dv, vr, L.Dv_pad, do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
+          // dS^T <- P^T * (dP^T - D)
+          const float* Dr = drow + bh * L.Tq_pad + i0;
+          for (int64_t c = 0; c < nk; ++c)
+            for (int64_t r = 0; r < mqp; r += W)
+              simd::store(St + c * Bq + r,
+                          simd::load(St + c * Bq + r) * (simd::load(dPt + c * Bq + r) - simd::load(Dr + r)));
+          // dK <- dK + dS^T Qs    (Qs carries the scale)
+          gemm(nk, L.Dk_pad, mq, St, Bq, qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
+        }
+      }
+      for (int64_t c = 0; c < nk; ++c) {
+        std::memcpy(dk + (bk * s.Tk + k0 + c) * s.Dk, dKacc + c * L.Dk_pad, s.Dk * sizeof(float));
+        std::memcpy(dv + (bk * s.Tk + k0 + c) * s.Dv, dVacc + c * L.Dv_pad, s.Dv * sizeof(float));
+      }
+    }
+    // ---- pass 2: dQ
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < BH * L.nqb; ++it) {
+      const int64_t qb = L.nqb - 1 - it % L.nqb, bh = it / L.nqb, b = bh / s.H, h = bh % s.H;
+      const int64_t bk = b * s.Hkv + h / group;
+      const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0);
+      float* S = tws + L.t_s;       // (Bq, Bk)
+      float* dP = tws + L.t_dp;     // (Bq, Bk)
+      float* dQacc = tws + L.t_acc; // (Bq, Dk_pad)
+      std::fill(dQacc, dQacc + mq * L.Dk_pad, 0.0f);
+      KeyRange range[Bq];
+      int64_t blo, bhi;
+      query_ranges(in, b, i0, mq, range, &blo, &bhi);
+      const float* qs = qs_rows + (bh * s.Tq + i0) * L.Dk_pad;
+      const float* dOr = do_rows + (bh * s.Tq + i0) * L.Dv_pad;
+      for (int64_t k0 = blo; k0 < bhi; k0 += Bk) {
+        const int64_t nk = std::min(Bk, bhi - k0), nc = round_up(nk, W);
+        // S <- Qs K^T ;  P <- exp(S - lse)
+        gemm(mq, nc, s.Dk, qs, L.Dk_pad, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, S, Bk, false);
+        mask_tile(in, b, h, i0, mq, k0, nk, nc, range, S, Bk);
+        // dP <- dO V^T
+        gemm(mq, nc, s.Dv, dOr, L.Dv_pad, v_t + bk * L.Dv_pad * L.Tk_pad + k0, L.Tk_pad, dP, Bk, false);
+        // dS <- P * (dP - D)
+        for (int64_t r = 0; r < mq; ++r) {
+          const vf vl = simd::set1(lse_eff[bh * L.Tq_pad + i0 + r]);
+          const vf vd = simd::set1(drow[bh * L.Tq_pad + i0 + r]);
+          for (int64_t c = 0; c < nc; c += W) {
+            const vf p = simd::exp(simd::load(S + r * Bk + c) - vl);
+            simd::store(S + r * Bk + c, p * (simd::load(dP + r * Bk + c) - vd));
+          }
+        }
+        // dQ <- dQ + dS K
+        gemm(mq, L.Dk_pad, nk, S, Bk, k_rows + (bk * s.Tk + k0) * L.Dk_pad, L.Dk_pad, dQacc, L.Dk_pad, true);
+      }
+      // dq <- scale * dQ
+      for (int64_t r = 0; r < mq; ++r)
+        for (int64_t d = 0; d < s.Dk; ++d) dq[(bh * s.Tq + i0 + r) * s.Dk + d] = dQacc[r * L.Dk_pad + d] * scale;
+    }
+  }
+}
+
+}  // namespace qkv::kernels::QKV_ISA

@@ -1,0 +1,73 @@
+// The one small vector abstraction kernels use. It is written with GCC/Clang vector extensions,
+// so the same source compiles to SSE2 (W = 4), AVX2+FMA (W = 8) or AVX-512 (W = 16) depending on
+// the flags of the translation unit that includes it (see CMakeLists.txt: one object library
+// per ISA, chosen at run time in src/core/cpu.cpp). No intrinsics anywhere else.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#ifndef QKV_VEC_WIDTH
+#error "QKV_VEC_WIDTH must be defined by the build (4, 8 or 16)"
+#endif
+
+namespace qkv::simd {
+
+constexpr int W = QKV_VEC_WIDTH;
+typedef float vf __attribute__((vector_size(W * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline vf set1(float x) { return vf{} + x; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf fma(vf a, vf b, vf c) { return a * b + c; }  // contracted to vfmadd under -mfma
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = m > v[i] ? m : v[i];
+  return m;
+}
+// Pairwise tree order: fixed, so results do not depend on anything but the inputs.
+inline float hsum(vf v) {
+  for (int w = W / 2; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) v[i] += v[i + w];
+  return v[0];
+}
+
+// exp(x) for a vector: Cody-Waite range reduction to r in [-ln2/2, ln2/2], a degree-6
+// polynomial, then scaling by 2^n through the exponent bits. Relative error about 2 ulp.
+// exp(-inf) and anything below ~-87.3 (where the result would be subnormal) return exactly 0;
+// NaN propagates.
+inline vf exp(vf x) {
+  const vf hi = set1(88.0f), lo = set1(-87.33654f);
+  vf xc = x > hi ? hi : x;
+  xc = xc < lo ? lo : xc;
+  // n <- round(x / ln2), with the 1.5 * 2^23 trick (valid for |n| < 2^22)
+  const vf magic = set1(12582912.0f);
+  vf t = xc * set1(1.44269504088896341f) + magic;
+  vf n = t - magic;
+  vi ni = (vi)t - 0x4B400000;
+  // r <- x - n ln2   (ln2 split in two for accuracy)
+  vf r = xc - n * set1(0.693359375f);
+  r = r - n * set1(-2.12194440e-4f);
+  // p(r) ~ exp(r)
+  vf p = set1(1.9875691500e-4f);
+  p = p * r + set1(1.3981999507e-3f);
+  p = p * r + set1(8.3334519073e-3f);
+  p = p * r + set1(4.1665795894e-2f);
+  p = p * r + set1(1.6666665459e-1f);
+  p = p * r + set1(5.0000001201e-1f);
+  p = p * (r * r) + r + set1(1.0f);
+  // * 2^n
+  vi bits = (ni + 127) << 23;
+  vf scale = (vf)bits;
+  vf y = p * scale;
+  y = x < lo ? vf{} : y;
+  return x != x ? x : y;
+}
+
+}  // namespace qkv::simd

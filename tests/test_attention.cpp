@@ -1,0 +1,264 @@
+// Flash attention against the float64 oracle across sizes, head layouts, every mask kind and
+// several combinations, strided views, each SIMD variant this CPU has, and 1 and 2 threads.
+// The bound: flash's error is at most 2x the plain float32 implementation's error + eps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention_testing.h"
+
+namespace qkv::testing {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Masks: each case fills the spec for a problem of the given sizes.
+std::string apply_mask(int kind, AttentionSpec& spec, int64_t B, int64_t H, int64_t Tq, int64_t Tk, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  auto additive = [&](std::vector<int64_t> shape, float p_block) {
+    Tensor m = randn(shape, rng);
+    float* x = m.data<float>();
+    for (int64_t i = 0; i < m.numel(); ++i)
+      if (u(rng) < p_block) x[i] = -kInf;
+    if (shape[shape.size() - 2] > 1)  // one fully blocked row
+      for (int64_t j = 0; j < shape.back(); ++j) x[j] = -kInf;
+    return m;
+  };
+  auto boolean = [&](std::vector<int64_t> shape, float p_block) {
+    Tensor m(shape, DType::Bool);
+    bool* x = m.data<bool>();
+    for (int64_t i = 0; i < m.numel(); ++i) x[i] = u(rng) >= p_block;
+    if (shape[shape.size() - 2] > 2)  // one fully blocked row (the last of the first matrix)
+      for (int64_t j = 0; j < shape.back(); ++j) x[(shape[shape.size() - 2] - 1) * shape.back() + j] = false;
+    return m;
+  };
+  auto lengths = [&] {
+    std::vector<int32_t> l(B);
+    for (int64_t b = 0; b < B; ++b) l[b] = static_cast<int32_t>(std::uniform_int_distribution<int64_t>(0, Tk)(rng));
+    if (B > 1) l[0] = 0;  // a batch row with no key at all
+    return Tensor::from<int32_t>({B}, l);
+  };
+  switch (kind) {
+    case 0: return "none";
+    case 1: spec.causal = true; return "causal bottom-right";
+    case 2: spec.causal = true; spec.align = Align::TopLeft; return "causal top-left";
+    case 3: spec.window = 7; return "window 7";
+    case 4: spec.window = 5; spec.causal = true; return "causal window 5";
+    case 5: spec.alibi = true; spec.causal = Tq > 1; return "alibi";
+    case 6: spec.mask = additive({B, 1, Tq, Tk}, 0.2f); return "additive (B,1,Tq,Tk)";
+    case 7: spec.bool_mask = boolean({B, H, Tq, Tk}, 0.3f); return "bool (B,H,Tq,Tk)";
+    case 8: spec.key_lengths = lengths(); return "key lengths";
+    case 9:
+      spec.causal = true;
+      spec.key_lengths = lengths();
+      spec.alibi = true;
+      return "causal + key lengths + alibi";
+    case 10:
+      spec.bool_mask = boolean({Tq, Tk}, 0.2f);
+      spec.mask = additive({1, H, 1, Tk}, 0.1f);
+      spec.window = 9;
+      return "bool (Tq,Tk) + additive (1,H,1,Tk) + window 9";
+    default:
+      spec.causal = true;
+      spec.align = Align::TopLeft;
+      spec.bool_mask = boolean({B, 1, Tq, Tk}, 0.25f);
+      spec.scale = 0.3;
+      return "causal top-left + bool + scale 0.3";
+  }
+}
+constexpr int kMaskKinds = 12;
+
+struct Dims {
+  int64_t Dk, Dv;
+};
+
+std::vector<Isa> isas() {
+  std::vector<Isa> r;
+  for (Isa i : {Isa::Generic, Isa::AVX2, Isa::AVX512})
+    if (cpu_supports(i)) r.push_back(i);
+  return r;
+}
+
+// A view of (B, H, T, D) data laid out in an unusual way.
+Tensor strided(const Tensor& x, int how, std::mt19937& rng) {
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  Tensor base;
+  Tensor view;
+  if (how == 1) {  // (B, T, H, D) storage, permuted
+    base = randn({B, T, H, D}, rng);
+    view = base.permute({0, 2, 1, 3});
+  } else {  // rows padded: (B, H, T, D + 3) sliced
+    base = randn({B, H, T, D + 3}, rng);
+    view = base.slice(3, 0, D);
+  }
+  // copy x's values into the view
+  Tensor xc = x.contiguous();
+  const float* src = xc.data<float>();
+  float* dst = static_cast<float*>(base.raw_data());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t d = 0; d < D; ++d)
+          dst[view.offset() + b * view.stride(0) + h * view.stride(1) + t * view.stride(2) + d * view.stride(3)] =
+              src[((b * H + h) * T + t) * D + d];
+  return view;
+}
+
+void check_masked_rows(const Tensor& out, const Tensor& lse, const Tensor& dq, const std::vector<double>& oracle_lse,
+                       int64_t Dv, int64_t Dk, const std::string& ctx) {
+  std::vector<float> o = values(out), l = values(lse), g = values(dq);
+  for (size_t r = 0; r < oracle_lse.size(); ++r) {
+    if (oracle_lse[r] != -std::numeric_limits<double>::infinity()) continue;
+    ASSERT_EQ(l[r], -kInf) << ctx << ": row " << r << " has no allowed key; lse should be -inf";
+    for (int64_t d = 0; d < Dv; ++d) ASSERT_EQ(o[r * Dv + d], 0.0f) << ctx << ": fully masked row " << r;
+    for (int64_t d = 0; d < Dk; ++d) ASSERT_EQ(g[r * Dk + d], 0.0f) << ctx << ": fully masked row " << r << " dq";
+  }
+}
+
+TEST(FlashVsOracle, Grid) {
+  const std::vector<int64_t> Ts = {1, 3, 17, 64, 97, 128, 257, 1025};
+  const std::vector<Dims> dims = {{1, 1}, {8, 8}, {21, 64}, {64, 64}, {80, 21}, {128, 80}, {64, 128}, {8, 21}};
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{1, 1}, {8, 8}, {8, 2}, {8, 1}};
+  std::mt19937 rng(2024);
+  int cases = 0;
+  int64_t idx = 0;
+  for (int64_t Tq : Ts) {
+    for (int64_t Tk : Ts) {
+      ++idx;
+      const Dims d = dims[(idx * 3) % dims.size()];
+      auto [H, Hkv] = heads[idx % heads.size()];
+      int64_t B = 2;
+      // keep the float64 oracle affordable on two cores
+      const double work = static_cast<double>(Tq) * Tk * H * std::max(d.Dk, d.Dv) * B;
+      if (work > 3e7) B = 1;
+      if (Tq * Tk * H * std::max(d.Dk, d.Dv) > 3e7) H = Hkv = 1;
+      const int mask_kind = static_cast<int>(idx % kMaskKinds);
+      AttentionSpec spec;
+      const std::string mname = apply_mask(mask_kind, spec, B, H, Tq, Tk, rng);
+      Tensor q = randn({B, H, Tq, d.Dk}, rng), k = randn({B, Hkv, Tk, d.Dk}, rng), v = randn({B, Hkv, Tk, d.Dv}, rng);
+      Tensor dout = randn({B, H, Tq, d.Dv}, rng);
+      const std::string ctx = "Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) + " Dk=" + std::to_string(d.Dk) +
+                              " Dv=" + std::to_string(d.Dv) + " H/Hkv=" + std::to_string(H) + "/" +
+                              std::to_string(Hkv) + " B=" + std::to_string(B) + " mask: " + mname;
+      SCOPED_TRACE(ctx);
+      const Oracle o = oracle(q, k, v, dout, spec);
+      AttentionSpec plain = spec;
+      plain.impl = AttentionImpl::ReferenceFloat32;
+      const AttentionOutput po = attention(q, k, v, plain);
+      const AttentionGrads pg = attention_backward(q, k, v, po.out, po.lse, dout, plain);
+      // Unusual layouts for some cases: the kernel must honour strides.
+      Tensor qv = q, kv = k, vv = v;
+      if (idx % 3 == 1) qv = strided(q, 1, rng);
+      if (idx % 3 == 2) kv = strided(k, 2, rng), vv = strided(v, 1, rng);
+      for (Isa isa : isas()) {
+        for (int threads : {1, 2}) {
+          SCOPED_TRACE(std::string("isa=") + isa_name(isa) + " threads=" + std::to_string(threads));
+          AttentionSpec fs = spec;
+          fs.isa = isa;
+          fs.threads = threads;
+          const AttentionOutput fo = attention(qv, kv, vv, fs);
+          const AttentionGrads fg = attention_backward(qv, kv, vv, fo.out, fo.lse, dout, fs);
+          // eps: docs/numerics.md (relative to the largest true value; gradients get twice the
+          // room because flash forms D = rowsum(dO * O) from the rounded output).
+          EXPECT_TRUE(within_bound("out", fo.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
+          EXPECT_TRUE(within_bound("lse", fo.lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
+          EXPECT_TRUE(within_bound("dq", fg.dq, pg.dq, o.dq, 2e-6 * (1 + max_abs(o.dq))));
+          EXPECT_TRUE(within_bound("dk", fg.dk, pg.dk, o.dk, 2e-6 * (1 + max_abs(o.dk))));
+          EXPECT_TRUE(within_bound("dv", fg.dv, pg.dv, o.dv, 2e-6 * (1 + max_abs(o.dv))));
+          check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, d.Dv, d.Dk, ctx);
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_GE(cases, 64 * 2);
+}
+
+// The reference itself against central finite differences, in double, on small shapes.
+TEST(Reference, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(7);
+  for (int mask_kind = 0; mask_kind < kMaskKinds; ++mask_kind) {
+    const int64_t B = 2, H = 2, Hkv = 1, Tq = 4, Tk = 5, Dk = 3, Dv = 2;
+    AttentionSpec spec;
+    const std::string mname = apply_mask(mask_kind, spec, B, H, Tq, Tk, rng);
+    SCOPED_TRACE(mname);
+    Tensor q = randn({B, H, Tq, Dk}, rng), k = randn({B, Hkv, Tk, Dk}, rng), v = randn({B, Hkv, Tk, Dv}, rng);
+    Tensor dout = randn({B, H, Tq, Dv}, rng);
+    const Oracle o = oracle(q, k, v, dout, spec);
+    // loss(x) = sum(out(x) * dout), in double through the oracle
+    std::vector<float> dov = values(dout);
+    auto loss_with = [&](Tensor& t, int64_t i, double delta) {
+      // perturb in double: run the double oracle on a double copy
+      kernels::AttnShape s{B, H, Hkv, Tq, Tk, Dk, Dv};
+      Tensor mc, bc;
+      std::vector<int64_t> lens;
+      std::vector<float> slopes;
+      kernels::AttnInputs<double> in;
+      in.s = s;
+      in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(Dk));
+      in.m = mask_params(spec, s, mc, bc, lens, slopes);
+      Tensor qd = q.to(DType::F64), kd = k.to(DType::F64), vd = v.to(DType::F64);
+      Tensor* target = &t == &q ? &qd : &t == &k ? &kd : &vd;
+      target->data<double>()[i] += delta;
+      in.q = qd.data<double>();
+      in.qs = {H * Tq * Dk, Tq * Dk, Dk};
+      in.k = kd.data<double>();
+      in.ks = {Hkv * Tk * Dk, Tk * Dk, Dk};
+      in.v = vd.data<double>();
+      in.vs = {Hkv * Tk * Dv, Tk * Dv, Dv};
+      std::vector<double> out(B * H * Tq * Dv), lse(B * H * Tq);
+      kernels::attention_ref_forward<double>(in, out.data(), lse.data(), 1);
+      double L = 0;
+      for (size_t j = 0; j < out.size(); ++j) L += out[j] * dov[j];
+      return L;
+    };
+    struct Var {
+      Tensor* t;
+      const std::vector<double>* grad;
+      const char* name;
+    } vars[] = {{&q, &o.dq, "dq"}, {&k, &o.dk, "dk"}, {&v, &o.dv, "dv"}};
+    for (const Var& var : vars) {
+      for (int64_t i = 0; i < var.t->numel(); ++i) {
+        const double h = 1e-6;
+        const double fd = (loss_with(*var.t, i, h) - loss_with(*var.t, i, -h)) / (2 * h);
+        EXPECT_NEAR((*var.grad)[i], fd, 1e-6 + 1e-6 * std::fabs(fd)) << var.name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(WorkedExample, ChapterNumbers) {
+  const float r2 = std::sqrt(2.0f);
+  Tensor q = Tensor::from<float>({1, 2}, {r2, 0.0f});
+  Tensor k = Tensor::from<float>({3, 2}, {1, 0, 0, 1, 1, 1});
+  Tensor v = Tensor::from<float>({3, 2}, {10, 0, 0, 10, 4, 6});
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Reference, AttentionImpl::ReferenceFloat32}) {
+    AttentionSpec spec;
+    spec.impl = impl;
+    AttentionOutput r = attention(q, k, v, spec);
+    Tensor w = attention_weights(q, k, r.lse, spec, 0, 1);
+    std::vector<float> wv = values(w), ov = values(r.out);
+    EXPECT_NEAR(wv[0], 0.4223, 5e-5);
+    EXPECT_NEAR(wv[1], 0.1554, 5e-5);
+    EXPECT_NEAR(wv[2], 0.4223, 5e-5);
+    EXPECT_NEAR(ov[0], 5.912, 5e-4);
+    EXPECT_NEAR(ov[1], 4.088, 5e-4);
+    spec.mask = Tensor::from<float>({1, 3}, {0.0f, 0.0f, -kInf});
+    r = attention(q, k, v, spec);
+    w = attention_weights(q, k, r.lse, spec, 0, 1);
+    wv = values(w);
+    ov = values(r.out);
+    EXPECT_NEAR(wv[0], 0.7311, 5e-5);
+    EXPECT_NEAR(wv[1], 0.2689, 5e-5);
+    EXPECT_EQ(wv[2], 0.0f);
+    EXPECT_NEAR(ov[0], 7.311, 5e-4);
+    EXPECT_NEAR(ov[1], 2.689, 5e-4);
+  }
+}
+
+}  // namespace
+}  // namespace qkv::testing

@@ -1,0 +1,175 @@
+// qkv attend: the chapter's worked example, or attention on .npy files.
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+
+namespace qkv::cli {
+namespace {
+
+struct AttendOptions {
+  std::string q, k, v, mask, bool_mask, key_lengths, out, weights, lse, dout, dq, dk, dv;
+  std::string causal;  // "", "bottom-right", "top-left"
+  int64_t window = 0;
+  bool alibi = false;
+  std::optional<double> scale;
+  std::string impl = "flash";
+};
+
+// Reads a float array, converting float64 (NumPy's default) to float32.
+Tensor read_float(const std::string& path) {
+  Tensor t = read_npy(path);
+  if (t.dtype() == DType::F64) return t.to(DType::F32);
+  check(t.dtype() == DType::F32, path, ": expected a float32 or float64 array, got ", t.describe());
+  return t;
+}
+
+std::string fmt(double x, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, x);
+  return buf;
+}
+
+std::string vec_str(const float* p, int64_t n, int digits) {
+  std::string s = "[";
+  for (int64_t i = 0; i < n; ++i) s += (i ? ", " : "") + fmt(p[i], digits);
+  return s + "]";
+}
+
+int worked_example(const AttendOptions& o) {
+  const float r2 = std::sqrt(2.0f);
+  Tensor q = Tensor::from<float>({1, 2}, {r2, 0.0f});
+  Tensor k = Tensor::from<float>({3, 2}, {1, 0, 0, 1, 1, 1});
+  Tensor v = Tensor::from<float>({3, 2}, {10, 0, 0, 10, 4, 6});
+  AttentionSpec spec;
+  spec.impl = o.impl == "reference" ? AttentionImpl::Reference : AttentionImpl::Flash;
+  std::cout << "The chapter's worked example: one query, three keys, Dk = Dv = 2 (qkv attend --impl " << o.impl
+            << ")\n\n"
+            << "  q  = [sqrt(2), 0] = " << vec_str(q.data<float>(), 2, 4) << "\n"
+            << "  keys   k1 = [1, 0]    k2 = [0, 1]    k3 = [1, 1]\n"
+            << "  values v1 = [10, 0]   v2 = [0, 10]   v3 = [4, 6]\n\n";
+  // Step 1: scores, computed here the long way so every number is visible.
+  float s[3];
+  for (int j = 0; j < 3; ++j) s[j] = (q.data<float>()[0] * k.data<float>()[2 * j] + q.data<float>()[1] * k.data<float>()[2 * j + 1]) / r2;
+  std::cout << "1. scores s_j = q . k_j / sqrt(Dk), sqrt(Dk) = " << fmt(r2, 4) << "\n"
+            << "     s = " << vec_str(s, 3, 4) << "\n";
+  const float mx = std::max({s[0], s[1], s[2]});
+  float e[3], sum = 0;
+  for (int j = 0; j < 3; ++j) sum += e[j] = std::exp(s[j] - mx);
+  std::cout << "2. softmax, max subtracted first (max = " << fmt(mx, 4) << ")\n"
+            << "     exp(s - max) = " << vec_str(e, 3, 4) << ", sum = " << fmt(sum, 4) << "\n";
+  // Steps 2-3 as the library computes them.
+  AttentionOutput r = attention(q, k, v, spec);
+  Tensor w = attention_weights(q, k, r.lse, spec, 0, 1);
+  std::cout << "     weights a_j = exp(s_j - max) / sum = " << vec_str(w.data<float>(), 3, 4) << "\n"
+            << "3. output z = sum_j a_j v_j = " << vec_str(r.out.data<float>(), 2, 3) << "\n"
+            << "   (keys decide the weights; values are what gets mixed)\n\n";
+  // Blocking the third key with the additive mask M = [0, 0, -inf].
+  AttentionSpec blocked = spec;
+  blocked.mask = Tensor::from<float>({1, 3}, {0.0f, 0.0f, -INFINITY});
+  AttentionOutput rb = attention(q, k, v, blocked);
+  Tensor wb = attention_weights(q, k, rb.lse, blocked, 0, 1);
+  std::cout << "4. block the third key: M = [0, 0, -inf] added to the scores, softmax renormalises\n"
+            << "     weights = " << vec_str(wb.data<float>(), 3, 4) << "\n"
+            << "     output  = " << vec_str(rb.out.data<float>(), 2, 3) << "\n"
+            << "   Zeroing the third weight after the softmax instead would leave "
+            << vec_str(w.data<float>(), 2, 4) << ", summing to " << fmt(w.data<float>()[0] + w.data<float>()[1], 4)
+            << ": not a distribution.\n";
+  return 0;
+}
+
+int run_attend(const AttendOptions& o) {
+  check(o.impl == "flash" || o.impl == "reference", "--impl: expected flash or reference, got '", o.impl, "'");
+  check(o.causal.empty() || o.causal == "bottom-right" || o.causal == "top-left",
+        "--causal: expected bottom-right or top-left, got '", o.causal, "'");
+  const bool any_input = !o.q.empty() || !o.k.empty() || !o.v.empty();
+  if (!any_input) {
+    const bool extras = !o.mask.empty() || !o.bool_mask.empty() || !o.key_lengths.empty() || !o.out.empty() ||
+                        !o.weights.empty() || !o.lse.empty() || !o.dout.empty() || !o.causal.empty() ||
+                        o.window != 0 || o.alibi || o.scale;
+    check(!extras, "these options need input arrays: give --q, --k and --v (or no options at all for the worked example)");
+    return worked_example(o);
+  }
+  check(!o.q.empty() && !o.k.empty() && !o.v.empty(), "--q, --k and --v are needed together");
+  check(!o.out.empty(), "--out is required with --q/--k/--v (where to write the output .npy)");
+  const bool want_grads = !o.dout.empty();
+  check(want_grads || (o.dq.empty() && o.dk.empty() && o.dv.empty()),
+        "--dq/--dk/--dv need --dout (the gradient of the loss with respect to the output)");
+  AttentionSpec spec;
+  spec.impl = o.impl == "reference" ? AttentionImpl::Reference : AttentionImpl::Flash;
+  spec.scale = o.scale;
+  if (!o.causal.empty()) {
+    spec.causal = true;
+    spec.align = o.causal == "top-left" ? Align::TopLeft : Align::BottomRight;
+  }
+  spec.window = o.window;
+  spec.alibi = o.alibi;
+  Tensor q = read_float(o.q), k = read_float(o.k), v = read_float(o.v);
+  if (!o.mask.empty()) spec.mask = read_float(o.mask);
+  if (!o.bool_mask.empty()) {
+    Tensor b = read_npy(o.bool_mask);
+    check(b.dtype() == DType::Bool, o.bool_mask, ": expected a bool array (true = may attend), got ", b.describe());
+    spec.bool_mask = b;
+  }
+  if (!o.key_lengths.empty()) {
+    Tensor l = read_npy(o.key_lengths);
+    check(l.dtype() == DType::I32 || l.dtype() == DType::I64, o.key_lengths, ": expected int32 or int64 lengths, got ",
+          l.describe());
+    spec.key_lengths = l;
+  }
+  AttentionOutput r = attention(q, k, v, spec);
+  // Compute everything before writing anything, so a failure leaves no partial set of outputs.
+  std::optional<Tensor> weights;
+  if (!o.weights.empty()) weights = attention_weights(q, k, r.lse, spec, 0, q.size(-2));
+  std::optional<AttentionGrads> g;
+  if (want_grads) {
+    Tensor dout = read_float(o.dout);
+    g = attention_backward(q, k, v, r.out, r.lse, dout, spec);
+  }
+  write_npy(o.out, r.out);
+  if (!o.lse.empty()) write_npy(o.lse, r.lse);
+  if (weights) write_npy(o.weights, *weights);
+  if (g) {
+    if (!o.dq.empty()) write_npy(o.dq, g->dq);
+    if (!o.dk.empty()) write_npy(o.dk, g->dk);
+    if (!o.dv.empty()) write_npy(o.dv, g->dv);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_attend(CLI::App& app) {
+  auto o = std::make_shared<AttendOptions>();
+  CLI::App* c = app.add_subcommand(
+      "attend",
+      "Z = softmax(Q K^T * scale + M) V. Without inputs: the chapter's worked example, step by step.\n"
+      "Arrays are (B, H, T, D), (H, T, D) or (T, D) .npy files (float32, or float64 converted).");
+  c->add_option("--q", o->q, "Queries Q.npy (.., Tq, Dk)");
+  c->add_option("--k", o->k, "Keys K.npy (.., Tk, Dk); fewer heads than q = grouped-query attention");
+  c->add_option("--v", o->v, "Values V.npy (.., Tk, Dv)");
+  c->add_option("--mask", o->mask, "Additive float mask broadcastable to (B, H, Tq, Tk): 0 allowed, -inf blocked");
+  c->add_option("--bool-mask", o->bool_mask, "Bool mask broadcastable to (B, H, Tq, Tk): true = may attend");
+  c->add_option("--key-lengths", o->key_lengths, "int (B,) key-padding lengths: keys >= length are blocked");
+  c->add_flag("--causal{bottom-right}", o->causal,
+              "Causal mask; =bottom-right (default: query i sees keys <= i + Tk - Tq) or =top-left (keys <= i)");
+  c->add_option("--window", o->window, "Sliding window of W keys (0 = off)")->check(CLI::NonNegativeNumber);
+  c->add_flag("--alibi", o->alibi, "Add ALiBi position biases with the standard per-head slopes");
+  c->add_option("--scale", o->scale, "Score scale (default 1/sqrt(Dk))");
+  c->add_option("--impl", o->impl, "flash (tiled, float32) or reference (float64 oracle)")
+      ->check(CLI::IsMember({"flash", "reference"}));
+  c->add_option("--out", o->out, "Write the output Z here (.npy)");
+  c->add_option("--weights", o->weights, "Also write the attention weights (.., Tq, Tk), recomputed from lse");
+  c->add_option("--lse", o->lse, "Also write the log-sum-exp of each query row (.., Tq)");
+  c->add_option("--dout", o->dout, "Gradient of the loss w.r.t. Z (.npy): enables --dq/--dk/--dv");
+  c->add_option("--dq", o->dq, "Write dL/dQ here");
+  c->add_option("--dk", o->dk, "Write dL/dK here");
+  c->add_option("--dv", o->dv, "Write dL/dV here");
+  return [o] { return run_attend(*o); };
+}
+
+}  // namespace qkv::cli

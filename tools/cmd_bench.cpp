@@ -1,0 +1,199 @@
+// qkv bench attention: time, GFLOP/s and peak extra memory of the flash and reference
+// attention, against this machine's own ceiling (one large SGEMM measured in the same run).
+#include <malloc.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+
+namespace qkv::cli {
+namespace {
+
+struct BenchOptions {
+  std::string what = "attention";
+  std::vector<int64_t> seq = {512, 1024, 2048, 4096, 8192};
+  int64_t batch = 1, heads = 8, dim = 64, ref_max_t = 4096, gemm_n = 2048;
+  int reps = 3;
+  bool json = false;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Peak resident memory since the last reset, from /proc (Linux). reset_peak() writes "5" to
+// clear_refs, which resets VmHWM to the current RSS.
+int64_t proc_status_kb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(f, line))
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
+  return -1;
+}
+bool reset_peak() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  return static_cast<bool>(f);
+}
+
+Tensor random_tensor(std::vector<int64_t> shape, std::mt19937& rng) {
+  Tensor t(std::move(shape), DType::F32);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = n(rng);
+  return t;
+}
+
+double gemm_ceiling(int64_t n, int reps) {
+  std::mt19937 rng(1);
+  Tensor a = random_tensor({n, n}, rng), b = random_tensor({n, n}, rng), c({n, n}, DType::F32);
+  sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);  // warm-up
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const double t0 = now_s();
+    sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);
+    best = std::min(best, now_s() - t0);
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+struct Row {
+  std::string impl, pass;
+  int64_t T;
+  bool causal;
+  double seconds, gflops, peak_mib;
+};
+
+int run_bench(const BenchOptions& o) {
+  check(o.what == "attention", "bench: unknown benchmark '", o.what, "' (available: attention)");
+  // Large blocks straight from and back to the OS, so the resident-memory peak measures what
+  // each run allocates (glibc would otherwise recycle freed blocks, hiding them).
+  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+  const int threads = num_threads();
+  const BlasInfo blas = blas_info();
+  const double ceiling = gemm_ceiling(o.gemm_n, o.reps);
+  std::vector<Row> rows;
+  if (!o.json) {
+    std::printf("qkv bench attention: B=%lld H=%lld D=%lld, %d threads, kernels: %s\nCPU: %s\n",
+                static_cast<long long>(o.batch), static_cast<long long>(o.heads), static_cast<long long>(o.dim),
+                threads, isa_name(active_isa()), cpu_description().c_str());
+    std::printf("BLAS: %s, kernel %s (%s)%s\n", blas.library.c_str(), blas.corename.c_str(), blas.threading.c_str(),
+                blas.generic_fallback ? "  WARNING: generic fallback kernel" : "");
+    std::printf("ceiling: SGEMM %lldx%lldx%lld = %.1f GFLOP/s\n\n", static_cast<long long>(o.gemm_n),
+                static_cast<long long>(o.gemm_n), static_cast<long long>(o.gemm_n), ceiling);
+    std::printf("%-9s %-8s %6s %-7s %10s %9s %8s %11s\n", "impl", "pass", "T", "causal", "time (s)", "GFLOP/s",
+                "%ceiling", "peak MiB");
+    std::fflush(stdout);
+  }
+  std::mt19937 rng(42);
+  for (int64_t T : o.seq) {
+    Tensor q = random_tensor({o.batch, o.heads, T, o.dim}, rng);
+    Tensor k = random_tensor({o.batch, o.heads, T, o.dim}, rng);
+    Tensor v = random_tensor({o.batch, o.heads, T, o.dim}, rng);
+    Tensor dout = random_tensor({o.batch, o.heads, T, o.dim}, rng);
+    for (bool causal : {false, true}) {
+      for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Reference}) {
+        if (impl == AttentionImpl::Reference && T > o.ref_max_t) continue;
+        for (bool backward : {false, true}) {
+          AttentionSpec spec;
+          spec.causal = causal;
+          spec.impl = impl;
+          const bool ref = impl == AttentionImpl::Reference;
+          const int reps = ref ? 1 : o.reps;  // the reference is slow and steady
+          double best = 1e30;
+          int64_t peak_kb = 0;
+          for (int r = 0; r < reps; ++r) {
+            reset_peak();
+            const int64_t base = proc_status_kb("VmRSS");
+            const double t0 = now_s();
+            AttentionOutput out = attention(q, k, v, spec);
+            if (backward) {
+              AttentionGrads g = attention_backward(q, k, v, out.out, out.lse, dout, spec);
+            }
+            best = std::min(best, now_s() - t0);
+            peak_kb = std::max(peak_kb, proc_status_kb("VmHWM") - base);
+          }
+          double flops = 4.0 * T * T * o.dim * o.heads * o.batch * (causal ? 0.5 : 1.0);
+          if (backward) flops *= 3.5;
+          Row row{ref ? "reference" : "flash", backward ? "fwd+bwd" : "fwd", T, causal, best, flops / best / 1e9,
+                  peak_kb / 1024.0};
+          rows.push_back(row);
+          if (!o.json) {
+            std::printf("%-9s %-8s %6lld %-7s %10.4f %9.1f %7.1f%% %11.1f\n", row.impl.c_str(), row.pass.c_str(),
+                        static_cast<long long>(T), causal ? "yes" : "no", row.seconds, row.gflops,
+                        100.0 * row.gflops / ceiling, row.peak_mib);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+  if (o.json) {
+    nlohmann::json j;
+    j["cpu"] = cpu_description();
+    j["isa"] = isa_name(active_isa());
+    j["threads"] = threads;
+    j["blas"] = {{"library", blas.library}, {"corename", blas.corename}, {"threading", blas.threading},
+                 {"generic_fallback", blas.generic_fallback}};
+    j["shape"] = {{"B", o.batch}, {"H", o.heads}, {"D", o.dim}};
+    j["gemm_ceiling_gflops"] = ceiling;
+    j["gemm_n"] = o.gemm_n;
+    for (const Row& r : rows)
+      j["results"].push_back({{"impl", r.impl}, {"pass", r.pass}, {"T", r.T}, {"causal", r.causal},
+                              {"seconds", r.seconds}, {"gflops", r.gflops}, {"fraction_of_ceiling", r.gflops / ceiling},
+                              {"peak_extra_mib", r.peak_mib}});
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  // Summary of the ratios the project tracks, at the largest T that has them.
+  auto find = [&](const std::string& impl, const std::string& pass, int64_t T, bool causal) -> const Row* {
+    for (const Row& r : rows)
+      if (r.impl == impl && r.pass == pass && r.T == T && r.causal == causal) return &r;
+    return nullptr;
+  };
+  std::printf("\nsummary:\n");
+  for (int64_t T : o.seq) {
+    const Row* f = find("flash", "fwd", T, false);
+    const Row* fb = find("flash", "fwd+bwd", T, false);
+    const Row* fc = find("flash", "fwd", T, true);
+    const Row* rf = find("reference", "fwd", T, false);
+    if (!f || !fb || !fc) continue;
+    std::printf("  T=%-5lld flash fwd %.0f%% of ceiling, fwd+bwd %.0f%%, causal/non-causal time %.2f", static_cast<long long>(T),
+                100 * f->gflops / ceiling, 100 * fb->gflops / ceiling, fc->seconds / f->seconds);
+    if (rf)
+      std::printf(", reference/flash time %.1fx, memory %.1fx", rf->seconds / f->seconds,
+                  rf->peak_mib / std::max(f->peak_mib, 0.001));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* c = app.add_subcommand("bench", "Benchmarks that print figures (attention: flash vs reference vs SGEMM)");
+  c->add_option("what", o->what, "Which benchmark: attention")->check(CLI::IsMember({"attention"}));
+  c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',');
+  c->add_option("--batch", o->batch, "Batch size B")->check(CLI::PositiveNumber);
+  c->add_option("--heads", o->heads, "Heads H")->check(CLI::PositiveNumber);
+  c->add_option("--dim", o->dim, "Head dimension D")->check(CLI::PositiveNumber);
+  c->add_option("--ref-max-t", o->ref_max_t, "Largest T at which to run the (slow) float64 reference");
+  c->add_option("--gemm-n", o->gemm_n, "Size of the square SGEMM that measures the ceiling")->check(CLI::PositiveNumber);
+  c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->check(CLI::PositiveNumber);
+  c->add_flag("--json", o->json, "Print JSON instead of a table");
+  return [o] { return run_bench(*o); };
+}
+
+}  // namespace qkv::cli

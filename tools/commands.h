@@ -1,0 +1,14 @@
+// The qkv command line: one file per subcommand, each registering itself on the CLI11 app.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace qkv::cli {
+
+// Each subcommand adds itself to `app` and returns the function to run when it was chosen.
+// The function returns the process exit code; it may throw qkv::Error (reported by main).
+using Runner = std::function<int()>;
+Runner add_attend(CLI::App& app);
+Runner add_bench(CLI::App& app);
+
+}  // namespace qkv::cli

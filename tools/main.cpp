@@ -1,0 +1,71 @@
+// qkv: the command-line tool. Library errors (qkv::Error) become one line on stderr and exit 2.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+
+namespace {
+
+// Debian's OpenBLAS 0.3.21 does not recognise some recent CPUs and silently runs its generic
+// (Prescott) kernel, several times slower. The kernel is chosen when the library loads, so the
+// fix is to set OPENBLAS_CORETYPE and start again, once.
+void reexec_if_blas_fell_back(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("QKV_NO_REEXEC")) return;
+  const qkv::BlasInfo info = qkv::blas_info();
+  if (!info.generic_fallback) return;
+  const std::string kv = info.advice;  // "OPENBLAS_CORETYPE=Haswell"
+  const auto eq = kv.find('=');
+  setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+  setenv("QKV_NO_REEXEC", "1", 1);
+  execv("/proc/self/exe", argv);
+  // execv failed: carry on with the slow kernel, but say so.
+  std::cerr << "qkv: warning: OpenBLAS runs its generic '" << info.corename << "' kernel; set " << kv
+            << " for full speed\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  reexec_if_blas_fell_back(argv);
+  CLI::App app{"qkv: the transformer, from the attention formula up, on the CPU"};
+  app.require_subcommand(1);
+  int threads = 0;
+  app.add_option("--threads", threads, "Threads for every kernel (default: QKV_NUM_THREADS, else all cores)")
+      ->check(CLI::Range(0, 4096));
+  std::vector<qkv::cli::Runner> runners;
+  runners.push_back(qkv::cli::add_attend(app));
+  runners.push_back(qkv::cli::add_bench(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    if (threads > 0) qkv::set_num_threads(threads);
+    CLI::App* chosen = app.get_subcommands().front();
+    const auto& all = app.get_subcommands({});
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == chosen) return runners[i]();
+    return 2;
+  } catch (const qkv::Error& e) {
+    std::cerr << "qkv: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "qkv: error: out of memory\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "qkv: error: " << e.what() << "\n";
+    return 2;
+  }
+}
