@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #ifndef QKV_VEC_WIDTH
 #error "QKV_VEC_WIDTH must be defined by the build (4, 8 or 16)"
@@ -22,7 +23,11 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf set1(float x) { return vf{} + x; }
+template <size_t... I>
+inline vf set1_impl(float x, std::index_sequence<I...>) {
+  return vf{((void)I, x)...};
+}
+inline vf set1(float x) { return set1_impl(x, std::make_index_sequence<W>{}); }  // one vbroadcastss
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 inline vf fma(vf a, vf b, vf c) { return a * b + c; }  // contracted to vfmadd under -mfma
 
