@@ -112,6 +112,61 @@ TEST(Properties, BlockedKeysContentsDoNotMatter) {
   }
 }
 
+TEST(Properties, BlockedValuesContentsDoNotMatter) {
+  // Same for a V row: flash re-does blocks that include a non-finite V row the plain way, so
+  // 0 * NaN from a blocked key reaches no output (the reference never reads it either).
+  std::mt19937 rng(13);
+  const int64_t Tq = 70, Tk = 90, D = 16;
+  Tensor q = randn({1, 2, Tq, D}, rng), k = randn({1, 2, Tk, D}, rng), v = randn({1, 2, Tk, D}, rng);
+  Tensor dout = randn({1, 2, Tq, D}, rng);
+  Tensor allow({Tk}, DType::Bool);
+  for (int64_t j = 0; j < Tk; ++j) allow.data<bool>()[j] = j != 10;
+  for (AttentionImpl impl : impls()) {
+    AttentionSpec spec;
+    spec.impl = impl;
+    spec.bool_mask = allow;
+    AttentionOutput clean = attention(q, k, v, spec);
+    AttentionGrads gclean = attention_backward(q, k, v, clean.out, clean.lse, dout, spec);
+    for (float poison : {kNaN, kInf}) {
+      Tensor k2 = k.clone(), v2 = v.clone();
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t d = 0; d < D; ++d) at4(k2, 0, h, 10, d) = at4(v2, 0, h, 10, d) = poison;
+      AttentionOutput r = attention(q, k2, v2, spec);
+      expect_close(r.out, clean.out, 1e-6, "out with a poisoned blocked key");
+      expect_close(r.lse, clean.lse, 1e-6, "lse with a poisoned blocked key");
+      AttentionGrads g = attention_backward(q, k2, v2, r.out, r.lse, dout, spec);
+      expect_close(g.dq, gclean.dq, 1e-5, "dq with a poisoned blocked key");
+      expect_close(g.dv, gclean.dv, 1e-5, "dv with a poisoned blocked key");
+    }
+  }
+}
+
+TEST(Properties, NaNInAnAllowedInputPropagates) {
+  // A NaN that takes part must show, never be mistaken for a fully masked row.
+  std::mt19937 rng(14);
+  Tensor q = randn({1, 1, 4, 8}, rng), k = randn({1, 1, 5, 8}, rng), v = randn({1, 1, 5, 8}, rng);
+  for (AttentionImpl impl : impls()) {
+    AttentionSpec spec;
+    spec.impl = impl;
+    Tensor q2 = q.clone();
+    at4(q2, 0, 0, 0, 0) = kNaN;
+    AttentionOutput a = attention(q2, k, v, spec);
+    EXPECT_TRUE(std::isnan(a.out.data<float>()[0])) << "row 0 reads a NaN query";
+    EXPECT_TRUE(std::isnan(a.lse.data<float>()[0]));
+    EXPECT_TRUE(std::isfinite(a.out.data<float>()[8]) && std::isfinite(a.lse.data<float>()[1])) << "row 1 is clean";
+    Tensor k2 = k.clone();
+    at4(k2, 0, 0, 2, 0) = kNaN;
+    AttentionOutput b = attention(q, k2, v, spec);
+    for (float x : values(b.lse)) EXPECT_TRUE(std::isnan(x)) << "every row sees key 2";
+    Tensor v2 = v.clone();
+    at4(v2, 0, 0, 3, 5) = kNaN;
+    AttentionOutput c = attention(q, k, v2, spec);
+    for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(std::isnan(c.out.data<float>()[i * 8 + 5])) << "row " << i;
+    AttentionGrads g = attention_backward(q, k, v2, c.out, c.lse, randn({1, 1, 4, 8}, rng), spec);
+    EXPECT_TRUE(std::isnan(g.dq.data<float>()[0]));
+  }
+}
+
 TEST(Properties, ChangingAValueChangesOutputNotWeights) {
   std::mt19937 rng(4);
   Tensor q = randn({1, 1, 5, 4}, rng), k = randn({1, 1, 7, 4}, rng), v = randn({1, 1, 7, 3}, rng);

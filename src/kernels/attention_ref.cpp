@@ -39,21 +39,23 @@ void probabilities(const AttnInputs<T>& in, int64_t b, int64_t h, T* P, T* lse) 
       T dot = 0;
       for (int64_t d = 0; d < s.Dk; ++d) dot += q[i * in.qs.t + d] * k[j * in.ks.t + d];
       row[j] = dot * scale + bias;
-      mx = std::max(mx, row[j]);
+      if (row[j] > mx) mx = row[j];  // NaN never wins a comparison: it reaches the sum below
     }
-    if (mx == ninf) {  // no allowed key: zeros, never NaN
+    // p_ij <- exp(s_ij - max) / sum_r exp(s_ir - max). A row whose every score is -inf (no
+    // allowed key) gets zeros and lse -inf; a NaN score makes the sum NaN, and NaN propagates.
+    const T m_use = mx == ninf ? T(0) : mx;
+    T sum = 0;
+    for (int64_t j = 0; j < s.Tk; ++j) {
+      row[j] = row[j] == ninf ? T(0) : std::exp(row[j] - m_use);
+      sum += row[j];
+    }
+    if (sum == T(0)) {
       std::fill(row, row + s.Tk, T(0));
       lse[i] = ninf;
       continue;
     }
-    // p_ij <- exp(s_ij - max) / sum_r exp(s_ir - max)
-    T sum = 0;
-    for (int64_t j = 0; j < s.Tk; ++j) {
-      row[j] = row[j] == ninf ? T(0) : std::exp(row[j] - mx);
-      sum += row[j];
-    }
     for (int64_t j = 0; j < s.Tk; ++j) row[j] /= sum;
-    lse[i] = mx + std::log(sum);
+    lse[i] = m_use + std::log(sum);
   }
 }
 

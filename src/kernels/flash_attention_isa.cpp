@@ -89,14 +89,15 @@ struct Layout {
   int64_t Dk_pad, Dv_pad, Tq_pad, Tk_pad, nqb, nkb;
   // byte offsets; SIZE_MAX = not used by this pass
   size_t qs_rows = 0, qs_t = 0, k_rows = 0, k_t = 0, v_rows = 0, v_t = 0, do_rows = 0, do_t = 0, drow = 0,
-         lse_eff = 0, qrange = 0;
+         lse_eff = 0, qrange = 0, vbad = 0;
   size_t thread_base = 0, thread_stride = 0, total = 0;
   // per-thread float offsets (in floats from the thread's base)
-  size_t t_s = 0, t_dp = 0, t_acc = 0, t_acc2 = 0, t_m = 0, t_l = 0, t_q = 0;
+  size_t t_s = 0, t_dp = 0, t_acc = 0, t_acc2 = 0, t_m = 0, t_l = 0, t_q = 0, t_row = 0;
   // Forward packs only K^T globally: each query block is scaled into the thread's slice, and
   // V is read in place when its rows are whole vectors (Dv % W == 0; the op guarantees a
   // contiguous last dimension). Backward packs everything.
   bool pack_q_rows = false, pack_v_rows = false;
+  bool track_vbad = false;  // forward: count non-finite V rows (see pack_forward)
 
   Layout(const AttnShape& s, int threads, bool backward) {
     Dk_pad = round_up(std::max<int64_t>(s.Dk, 1), W);
@@ -117,6 +118,8 @@ struct Layout {
     if (pack_q_rows) qs_rows = take(BH * s.Tq * Dk_pad);
     k_t = take(BHkv * Dk_pad * Tk_pad);
     if (pack_v_rows) v_rows = take(BHkv * s.Tk * Dv_pad);
+    track_vbad = !backward;
+    if (track_vbad) vbad = take(BHkv * (s.Tk + 1));  // int32 prefix counts of non-finite V rows
     if (backward) {
       qs_t = take(BH * Dk_pad * Tq_pad);
       k_rows = take(BHkv * s.Tk * Dk_pad);
@@ -140,6 +143,7 @@ struct Layout {
       t_m = take_t(Bq);
       t_l = take_t(Bq);
       t_q = take_t(Bq * Dk_pad);
+      t_row = take_t(std::max<int64_t>(s.Tk, 1));
     } else {
       // pass 1 uses (Bk x Bq) tiles and (Bk x D) accumulators; pass 2 (Bq x Bk) and (Bq x Dk).
       t_s = take_t(Bq * Bk);
@@ -183,13 +187,16 @@ void pack_rows(const float* src, int64_t src_ld, int64_t rows, int64_t valid_row
 
 // dst (cols_pad, ld) <- (scale * src (rows, cols))^T, zero padding; rows >= valid_rows are zero.
 void pack_transposed(const float* src, int64_t src_ld, int64_t rows, int64_t valid_rows, int64_t cols,
-                     int64_t cols_pad, float scale, float* dst, int64_t ld) {
+                     int64_t cols_pad, float scale, float* dst, int64_t ld, bool finite_only = false) {
   std::fill(dst, dst + cols_pad * ld, 0.0f);
   constexpr int64_t kB = 16;  // transpose in small squares for locality
   for (int64_t r0 = 0; r0 < valid_rows; r0 += kB)
     for (int64_t c0 = 0; c0 < cols; c0 += kB)
       for (int64_t r = r0; r < std::min(r0 + kB, valid_rows); ++r)
-        for (int64_t c = c0; c < std::min(c0 + kB, cols); ++c) dst[c * ld + r] = src[r * src_ld + c] * scale;
+        for (int64_t c = c0; c < std::min(c0 + kB, cols); ++c) {
+          const float x = src[r * src_ld + c] * scale;
+          dst[c * ld + r] = finite_only && !std::isfinite(x) ? 0.0f : x;
+        }
   (void)rows;
 }
 
@@ -275,9 +282,58 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
     const float* v = in.v + b * in.vs.b + hk * in.vs.h;
     pack_transposed(k, in.ks.t, s.Tk, kl, s.Dk, L.Dk_pad, 1.0f, at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad,
                     L.Tk_pad);
+    // Backward multiplies V by probabilities that are 0 for blocked keys: a non-finite V row
+    // must not turn those zeros into NaN (an allowed one still poisons its rows through D).
     if (L.pack_v_rows)
-      pack_rows(v, in.vs.t, s.Tk, kl, s.Dv, 1.0f, at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad, L.Dv_pad);
+      pack_rows(v, in.vs.t, s.Tk, kl, s.Dv, 1.0f, at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad, L.Dv_pad,
+                /*finite_only=*/!L.track_vbad);
+    if (L.track_vbad) {
+      // vbad[j] <- number of keys before j whose V row holds NaN or inf (forward re-does, the
+      // plain way, any block whose keys include one, so that 0 * NaN from a blocked key never
+      // reaches an output, exactly as in the reference).
+      int32_t* cnt = at<int32_t>(ws, L.vbad) + bk * (s.Tk + 1);
+      cnt[0] = 0;
+      for (int64_t j = 0; j < s.Tk; ++j) {
+        bool bad = false;
+        if (j < kl)
+          for (int64_t d = 0; d < s.Dv; ++d) bad |= !std::isfinite(v[j * in.vs.t + d]);
+        cnt[j + 1] = cnt[j] + (bad ? 1 : 0);
+      }
+    }
   }
+}
+
+// One query row the plain way (scores in `buf`, Tk floats), reading only the values of keys
+// with non-zero weight. Used for blocks whose keys include a non-finite V row.
+void row_plain(const AttnInputs<float>& in, int64_t b, int64_t h, int64_t i, float* buf, float* out, float* lse) {
+  const AttnShape& s = in.s;
+  const int64_t hk = h / (s.H / s.Hkv);
+  const float* q = in.q + b * in.qs.b + h * in.qs.h + i * in.qs.t;
+  const float* k = in.k + b * in.ks.b + hk * in.ks.h;
+  const float* v = in.v + b * in.vs.b + hk * in.vs.h;
+  const KeyRange r = key_range(s, in.m, b, i);
+  const int64_t p = query_pos(s, in.m, i);
+  float mx = kNegInf;
+  for (int64_t j = r.lo; j < r.hi; ++j) {
+    const float bias = in.m.elementwise() ? elementwise_bias<float>(in.m, b, h, i, j, p) : 0.0f;
+    float dot = 0;
+    if (bias != kNegInf)
+      for (int64_t d = 0; d < s.Dk; ++d) dot += q[d] * k[j * in.ks.t + d];
+    buf[j] = bias == kNegInf ? kNegInf : dot * static_cast<float>(in.scale) + bias;
+    if (buf[j] > mx) mx = buf[j];
+  }
+  const float m_use = mx == kNegInf ? 0.0f : mx;
+  float sum = 0;
+  for (int64_t j = r.lo; j < r.hi; ++j) sum += buf[j] = buf[j] == kNegInf ? 0.0f : std::exp(buf[j] - m_use);
+  std::fill(out, out + s.Dv, 0.0f);
+  if (sum == 0.0f) {
+    *lse = kNegInf;
+    return;
+  }
+  for (int64_t j = r.lo; j < r.hi; ++j)
+    if (buf[j] != 0.0f)
+      for (int64_t d = 0; d < s.Dv; ++d) out[d] += buf[j] / sum * v[j * in.vs.t + d];
+  *lse = m_use + std::log(sum);
 }
 
 // One block of Bq query rows of one (b, h), all of its keys.
@@ -339,18 +395,23 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
     // O <- O + P V
     gemm(mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true);
   }
-  // out <- O / l ;  lse <- m + log(l)   (a row with no allowed key: zeros and -inf)
+  // out <- O / l ;  lse <- m + log(l). l = 0 exactly when every score was -inf (no allowed
+  // key): zeros and -inf. A NaN score makes l NaN, and NaN propagates.
   for (int64_t r = 0; r < mq; ++r) {
     float* o = out + (bh * s.Tq + i0 + r) * s.Dv;
-    if (l[r] > 0.0f) {
-      const float inv = 1.0f / l[r];
-      for (int64_t d = 0; d < s.Dv; ++d) o[d] = O[r * L.Dv_pad + d] * inv;
-      lse[bh * s.Tq + i0 + r] = m[r] + std::log(l[r]);
-    } else {
+    if (l[r] == 0.0f) {
       std::fill(o, o + s.Dv, 0.0f);
       lse[bh * s.Tq + i0 + r] = kNegInf;
+    } else {
+      const float inv = 1.0f / l[r];
+      for (int64_t d = 0; d < s.Dv; ++d) o[d] = O[r * L.Dv_pad + d] * inv;
+      lse[bh * s.Tq + i0 + r] = (m[r] == kNegInf ? 0.0f : m[r]) + std::log(l[r]);
     }
   }
+  const int32_t* vbad = at<int32_t>(ws, L.vbad) + bk * (s.Tk + 1);
+  if (bhi > blo && vbad[bhi] != vbad[blo])
+    for (int64_t r = 0; r < mq; ++r)
+      row_plain(in, b, h, i0 + r, tws + L.t_row, out + (bh * s.Tq + i0 + r) * s.Dv, lse + bh * s.Tq + i0 + r);
 }
 
 }  // namespace
@@ -436,7 +497,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       pack_rows(in.k + b * in.ks.b + hk * in.ks.h, in.ks.t, s.Tk, kl, s.Dk, 1.0f, k_rows + bk * s.Tk * L.Dk_pad,
                 L.Dk_pad, /*finite_only=*/true);
       pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, s.Tk, kl, s.Dv, L.Dv_pad, 1.0f,
-                      v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad);
+                      v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad, /*finite_only=*/true);
     }
 #pragma omp for schedule(static)
     for (int64_t bq = 0; bq < s.B * L.nqb; ++bq) {
