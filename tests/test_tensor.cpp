@@ -28,13 +28,12 @@ std::string error_of(F&& f) {
   return "no exception";
 }
 
-#define EXPECT_QKV_ERROR(expr, ...)                                        \
-  do {                                                                     \
-    const std::string msg_ = error_of([&] { (void)(expr); });              \
-    EXPECT_NE(msg_, "no exception") << #expr;                              \
-    for (const char* part_ : {__VA_ARGS__})                                \
-      EXPECT_NE(msg_.find(part_), std::string::npos)                       \
-          << "message of " #expr " lacks \"" << part_ << "\": " << msg_;    \
+#define EXPECT_QKV_ERROR(expr, ...)                                                                                 \
+  do {                                                                                                              \
+    const std::string msg_ = error_of([&] { (void)(expr); });                                                       \
+    EXPECT_NE(msg_, "no exception") << #expr;                                                                       \
+    for (const char* part_ : {__VA_ARGS__})                                                                         \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "message of " #expr " lacks \"" << part_ << "\": " << msg_; \
   } while (0)
 
 // 0, 1, 2, ... as float32 in the given shape.
@@ -312,8 +311,7 @@ TEST(Tensor, ContiguousReturnsSelfOrCopies) {
   for (int64_t a = 0; a < 4; ++a)
     for (int64_t b = 0; b < 4; ++b)
       for (int64_t c2 = 0; c2 < 3; ++c2)
-        for (int64_t d = 0; d < 3; ++d)
-          ASSERT_EQ(*p++, static_cast<float>(c2 * 120 + b * 30 + (d + 2) * 6 + (a + 1)));
+        for (int64_t d = 0; d < 3; ++d) ASSERT_EQ(*p++, static_cast<float>(c2 * 120 + b * 30 + (d + 2) * 6 + (a + 1)));
 }
 
 TEST(Tensor, CopiesWorkForEveryDtype) {

@@ -14,6 +14,12 @@ namespace {
 
 constexpr size_t kAlign = 64;
 
+// Throws qkv::Error(concat(args...)). Unlike check(), callers build the message only on failure.
+template <class... Args>
+[[noreturn]] void fail(const Args&... args) {
+  throw Error(detail::concat(args...));
+}
+
 bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
 bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
 
@@ -25,7 +31,8 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape, const
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = s;
     const int64_t extent = shape[i] > 1 ? shape[i] : 1;
-    check(!mul_overflows(s, extent, &s), what, ": shape ", shape_str(shape), " is too large (element count overflows int64)");
+    if (mul_overflows(s, extent, &s))
+      fail(what, ": shape ", shape_str(shape), " is too large (element count overflows int64)");
   }
   return strides;
 }
@@ -64,26 +71,20 @@ void for_each_index(const std::vector<int64_t>& shape, const std::vector<int64_t
   }
 }
 
-// Element types by dtype, for the conversion dispatch.
-template <DType> struct Elem;
-template <> struct Elem<DType::F32> { using type = float; };
-template <> struct Elem<DType::F64> { using type = double; };
-template <> struct Elem<DType::I32> { using type = int32_t; };
-template <> struct Elem<DType::I64> { using type = int64_t; };
-template <> struct Elem<DType::Bool> { using type = bool; };
-
+// Calls f(std::type_identity<T>{}) with the element type T of `t`.
 template <class F>
 void dispatch_numeric(DType t, const char* what, F&& f) {
   switch (t) {
-    case DType::F32: f(Elem<DType::F32>{}); return;
-    case DType::F64: f(Elem<DType::F64>{}); return;
-    case DType::I32: f(Elem<DType::I32>{}); return;
-    case DType::I64: f(Elem<DType::I64>{}); return;
-    case DType::Bool: f(Elem<DType::Bool>{}); return;
+    case DType::F32: f(std::type_identity<float>{}); return;
+    case DType::F64: f(std::type_identity<double>{}); return;
+    case DType::I32: f(std::type_identity<int32_t>{}); return;
+    case DType::I64: f(std::type_identity<int64_t>{}); return;
+    case DType::Bool: f(std::type_identity<bool>{}); return;
     case DType::BF16: break;
   }
-  throw Error(detail::concat(what, ": dtype ", dtype_name(t),
-                             " is reserved and has no conversions yet (expected float32, float64, int32, int64 or bool)"));
+  throw Error(
+      detail::concat(what, ": dtype ", dtype_name(t),
+                     " is reserved and has no conversions yet (expected float32, float64, int32, int64 or bool)"));
 }
 
 // One value from S to D. Floating to integer truncates toward zero; a value the target cannot
@@ -98,12 +99,14 @@ D convert_value(S v, int64_t index, DType from, DType to) {
     // 2^63 and 2^31 are exact in every floating type; the valid range is [-2^k, 2^k).
     constexpr double hi = -static_cast<double>(std::numeric_limits<D>::min());
     const double t = std::trunc(static_cast<double>(v));
-    check(t >= -hi && t < hi, "to: element ", index, " (", v, ") of ", dtype_name(from),
-          " tensor cannot be represented as ", dtype_name(to));
+    if (!(t >= -hi && t < hi))
+      fail("to: element ", index, " (", v, ") of ", dtype_name(from), " tensor cannot be represented as ",
+           dtype_name(to));
     return static_cast<D>(t);
   } else {
-    check(v >= std::numeric_limits<D>::min() && v <= std::numeric_limits<D>::max(), "to: element ", index, " (", v,
-          ") of ", dtype_name(from), " tensor cannot be represented as ", dtype_name(to));
+    if (v < std::numeric_limits<D>::min() || v > std::numeric_limits<D>::max())
+      fail("to: element ", index, " (", v, ") of ", dtype_name(from), " tensor cannot be represented as ",
+           dtype_name(to));
     return static_cast<D>(v);
   }
 }
@@ -141,13 +144,13 @@ const char* dtype_name(DType t) {
 // Storage
 
 Storage::Storage(size_t bytes) {
-  check(bytes <= std::numeric_limits<size_t>::max() - (kAlign - 1), "Storage: cannot allocate ", bytes,
-        " bytes (size overflows when rounded up to ", kAlign, ")");
+  if (bytes > std::numeric_limits<size_t>::max() - (kAlign - 1))
+    fail("Storage: cannot allocate ", bytes, " bytes (size overflows when rounded up to ", kAlign, ")");
   // aligned_alloc needs a multiple of the alignment; a zero-size request still gets one line.
   size_t alloc = (bytes + kAlign - 1) / kAlign * kAlign;
   if (alloc == 0) alloc = kAlign;
   data_ = std::aligned_alloc(kAlign, alloc);
-  check(data_ != nullptr, "Storage: cannot allocate ", bytes, " bytes (out of memory)");
+  if (data_ == nullptr) fail("Storage: cannot allocate ", bytes, " bytes (out of memory)");
   std::memset(data_, 0, alloc);
   bytes_ = bytes;
 }
@@ -160,38 +163,34 @@ Storage::~Storage() { std::free(data_); }
 Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : dtype_(dtype) {
   const size_t item = dtype_size(dtype);
   for (int64_t d : shape)
-    check(d >= 0, "Tensor: negative dimension ", d, " in shape ", shape_str(shape), " (expected sizes >= 0)");
+    if (d < 0) fail("Tensor: negative dimension ", d, " in shape ", shape_str(shape), " (expected sizes >= 0)");
   strides_ = contiguous_strides(shape, "Tensor");
   int64_t n = 1;
   for (int64_t d : shape)
-    check(!mul_overflows(n, d, &n), "Tensor: shape ", shape_str(shape), " is too large (element count overflows int64)");
+    if (mul_overflows(n, d, &n))
+      fail("Tensor: shape ", shape_str(shape), " is too large (element count overflows int64)");
   int64_t bytes = 0;
-  check(!mul_overflows(n, static_cast<int64_t>(item), &bytes), "Tensor: shape ", shape_str(shape), " of ",
-        dtype_name(dtype), " is too large (byte count overflows int64)");
+  if (mul_overflows(n, static_cast<int64_t>(item), &bytes))
+    fail("Tensor: shape ", shape_str(shape), " of ", dtype_name(dtype), " is too large (byte count overflows int64)");
   shape_ = std::move(shape);
   storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes));
 }
 
 namespace {
 
-int64_t wrap_dim(int64_t d, int64_t ndim, const char* what, const std::string& desc) {
+int64_t wrap_dim(int64_t d, const Tensor& t, const char* what) {
+  const int64_t ndim = t.dim();
   const int64_t w = d < 0 ? d + ndim : d;
-  if (w < 0 || w >= ndim) {
-    if (ndim == 0)
-      throw Error(detail::concat(what, ": dimension ", d, " out of range for 0-d tensor ", desc));
-    throw Error(detail::concat(what, ": dimension ", d, " out of range for tensor ", desc, " (expected ", -ndim, "..",
-                               ndim - 1, ")"));
-  }
-  return w;
+  if (w >= 0 && w < ndim) return w;
+  if (ndim == 0) fail(what, ": dimension ", d, " out of range for 0-d tensor ", t.describe());
+  fail(what, ": dimension ", d, " out of range for tensor ", t.describe(), " (expected ", -ndim, "..", ndim - 1, ")");
 }
 
 }  // namespace
 
-int64_t Tensor::size(int64_t d) const { return shape_[static_cast<size_t>(wrap_dim(d, dim(), "size", describe()))]; }
+int64_t Tensor::size(int64_t d) const { return shape_[static_cast<size_t>(wrap_dim(d, *this, "size"))]; }
 
-int64_t Tensor::stride(int64_t d) const {
-  return strides_[static_cast<size_t>(wrap_dim(d, dim(), "stride", describe()))];
-}
+int64_t Tensor::stride(int64_t d) const { return strides_[static_cast<size_t>(wrap_dim(d, *this, "stride"))]; }
 
 int64_t Tensor::numel() const { return defined() ? product(shape_) : 0; }
 
@@ -219,31 +218,33 @@ std::string Tensor::describe() const {
 // Views
 
 Tensor Tensor::view(std::vector<int64_t> shape) const {
-  check(defined(), "view: tensor is undefined");
-  check(is_contiguous(), "view: cannot view ", describe(), " with strides ", shape_str(strides_), " as ",
-        shape_str(shape), " (tensor is not contiguous; call contiguous() first)");
+  if (!defined()) fail("view: tensor is undefined");
+  if (!is_contiguous())
+    fail("view: cannot view ", describe(), " with strides ", shape_str(strides_), " as ", shape_str(shape),
+         " (tensor is not contiguous; call contiguous() first)");
   int64_t known = 1;
   int64_t infer_at = -1;
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] == -1) {
-      check(infer_at < 0, "view: cannot view ", describe(), " as ", shape_str(shape), " (at most one -1 allowed)");
+      if (infer_at >= 0) fail("view: cannot view ", describe(), " as ", shape_str(shape), " (at most one -1 allowed)");
       infer_at = static_cast<int64_t>(i);
       continue;
     }
-    check(shape[i] >= 0, "view: cannot view ", describe(), " as ", shape_str(shape), " (negative dimension ", shape[i],
-          ")");
-    check(!mul_overflows(known, shape[i], &known), "view: cannot view ", describe(), " as ", shape_str(shape),
-          " (element count overflows)");
+    if (shape[i] < 0)
+      fail("view: cannot view ", describe(), " as ", shape_str(shape), " (negative dimension ", shape[i], ")");
+    if (mul_overflows(known, shape[i], &known))
+      fail("view: cannot view ", describe(), " as ", shape_str(shape), " (element count overflows)");
   }
   const int64_t n = numel();
   if (infer_at >= 0) {
-    check(known != 0 && n % known == 0, "view: cannot view ", describe(), " (", n, " elements) as ", shape_str(shape),
-          " (the -1 dimension cannot be inferred)");
+    if (known == 0 || n % known != 0)
+      fail("view: cannot view ", describe(), " (", n, " elements) as ", shape_str(shape),
+           " (the -1 dimension cannot be inferred)");
     shape[static_cast<size_t>(infer_at)] = n / known;
     known = n;
   }
-  check(known == n, "view: cannot view ", describe(), " (", n, " elements) as ", shape_str(shape), " (", known,
-        " elements)");
+  if (known != n)
+    fail("view: cannot view ", describe(), " (", n, " elements) as ", shape_str(shape), " (", known, " elements)");
   Tensor out = *this;
   out.strides_ = contiguous_strides(shape, "view");
   out.shape_ = std::move(shape);
@@ -251,9 +252,9 @@ Tensor Tensor::view(std::vector<int64_t> shape) const {
 }
 
 Tensor Tensor::transpose(int64_t a, int64_t b) const {
-  check(defined(), "transpose: tensor is undefined");
-  const size_t i = static_cast<size_t>(wrap_dim(a, dim(), "transpose", describe()));
-  const size_t j = static_cast<size_t>(wrap_dim(b, dim(), "transpose", describe()));
+  if (!defined()) fail("transpose: tensor is undefined");
+  const size_t i = static_cast<size_t>(wrap_dim(a, *this, "transpose"));
+  const size_t j = static_cast<size_t>(wrap_dim(b, *this, "transpose"));
   Tensor out = *this;
   std::swap(out.shape_[i], out.shape_[j]);
   std::swap(out.strides_[i], out.strides_[j]);
@@ -261,16 +262,17 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
 }
 
 Tensor Tensor::permute(const std::vector<int64_t>& order) const {
-  check(defined(), "permute: tensor is undefined");
-  check(static_cast<int64_t>(order.size()) == dim(), "permute: order ", shape_str(order), " has ", order.size(),
-        " entries for tensor ", describe(), " (expected ", dim(), ")");
+  if (!defined()) fail("permute: tensor is undefined");
+  if (static_cast<int64_t>(order.size()) != dim())
+    fail("permute: order ", shape_str(order), " has ", order.size(), " entries for tensor ", describe(), " (expected ",
+         dim(), ")");
   std::vector<bool> seen(order.size(), false);
   Tensor out = *this;
   for (size_t k = 0; k < order.size(); ++k) {
     const int64_t d = order[k];
     const int64_t w = d < 0 ? d + dim() : d;
-    check(w >= 0 && w < dim() && !seen[static_cast<size_t>(w)], "permute: order ", shape_str(order),
-          " is not a permutation of the dimensions of ", describe());
+    if (w < 0 || w >= dim() || seen[static_cast<size_t>(w)])
+      fail("permute: order ", shape_str(order), " is not a permutation of the dimensions of ", describe());
     seen[static_cast<size_t>(w)] = true;
     out.shape_[k] = shape_[static_cast<size_t>(w)];
     out.strides_[k] = strides_[static_cast<size_t>(w)];
@@ -279,10 +281,11 @@ Tensor Tensor::permute(const std::vector<int64_t>& order) const {
 }
 
 Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
-  check(defined(), "slice: tensor is undefined");
-  const size_t i = static_cast<size_t>(wrap_dim(d, dim(), "slice", describe()));
-  check(0 <= begin && begin <= end && end <= shape_[i], "slice: range [", begin, ", ", end, ") along dimension ", d,
-        " of ", describe(), " (expected 0 <= begin <= end <= ", shape_[i], ")");
+  if (!defined()) fail("slice: tensor is undefined");
+  const size_t i = static_cast<size_t>(wrap_dim(d, *this, "slice"));
+  if (begin < 0 || begin > end || end > shape_[i])
+    fail("slice: range [", begin, ", ", end, ") along dimension ", d, " of ", describe(),
+         " (expected 0 <= begin <= end <= ", shape_[i], ")");
   Tensor out = *this;
   out.shape_[i] = end - begin;
   // A non-empty result starts at an element that was reachable before, so it stays in storage.
@@ -291,33 +294,35 @@ Tensor Tensor::slice(int64_t d, int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::as_strided(std::vector<int64_t> shape, std::vector<int64_t> strides, int64_t offset_elems) const {
-  check(defined(), "as_strided: tensor is undefined");
-  const std::string what = detail::concat("as_strided: shape ", shape_str(shape), ", strides ", shape_str(strides),
-                                          ", offset ", offset_elems, " on ", describe());
-  check(shape.size() == strides.size(), what, " (shape and strides differ in length)");
-  check(offset_elems >= 0, what, " (expected offset >= 0)");
+  if (!defined()) fail("as_strided: tensor is undefined");
+  // The message is built only on failure: as_strided sits on hot paths.
+  auto bad = [&](const auto&... why) {
+    fail("as_strided: shape ", shape_str(shape), ", strides ", shape_str(strides), ", offset ", offset_elems, " on ",
+         describe(), " (", why..., ")");
+  };
+  if (shape.size() != strides.size()) bad("shape and strides differ in length");
+  if (offset_elems < 0) bad("expected offset >= 0");
   int64_t last = offset_elems;  // largest element index reached
   bool empty = false;
   int64_t n = 1;
   const int64_t item = static_cast<int64_t>(dtype_size(dtype_));
   for (size_t i = 0; i < shape.size(); ++i) {
-    check(shape[i] >= 0, what, " (negative dimension ", shape[i], ")");
-    check(strides[i] >= 0, what, " (negative stride ", strides[i], ")");
-    check(!mul_overflows(n, shape[i], &n), what, " (element count overflows int64)");
+    if (shape[i] < 0) bad("negative dimension ", shape[i]);
+    if (strides[i] < 0) bad("negative stride ", strides[i]);
+    if (mul_overflows(n, shape[i], &n)) bad("element count overflows int64");
     if (shape[i] == 0) empty = true;
   }
   int64_t total_bytes = 0;
-  check(!mul_overflows(n, item, &total_bytes), what, " (byte count overflows int64)");
+  if (mul_overflows(n, item, &total_bytes)) bad("byte count overflows int64");
   const int64_t capacity = static_cast<int64_t>(storage_->bytes()) / item;  // whole elements in storage
   if (!empty) {
     for (size_t i = 0; i < shape.size(); ++i) {
       int64_t reach = 0;
-      check(!mul_overflows(shape[i] - 1, strides[i], &reach) && !add_overflows(last, reach, &last), what,
-            " (view overflows)");
+      if (mul_overflows(shape[i] - 1, strides[i], &reach) || add_overflows(last, reach, &last)) bad("view overflows");
     }
-    check(last < capacity, what, " (view reaches element ", last, ", storage holds ", capacity, " elements)");
+    if (last >= capacity) bad("view reaches element ", last, ", storage holds ", capacity, " elements");
   } else {
-    check(offset_elems <= capacity, what, " (offset past the storage of ", capacity, " elements)");
+    if (offset_elems > capacity) bad("offset past the storage of ", capacity, " elements");
   }
   Tensor out = *this;
   out.shape_ = std::move(shape);
@@ -335,7 +340,7 @@ Tensor Tensor::contiguous() const {
 }
 
 Tensor Tensor::clone() const {
-  check(defined(), "clone: tensor is undefined");
+  if (!defined()) fail("clone: tensor is undefined");
   Tensor out(shape_, dtype_);
   const size_t item = dtype_size(dtype_);
   const char* src = static_cast<const char*>(storage_->data());
@@ -359,7 +364,7 @@ Tensor Tensor::clone() const {
 }
 
 Tensor Tensor::to(DType t) const {
-  check(defined(), "to: tensor is undefined");
+  if (!defined()) fail("to: tensor is undefined");
   if (t == dtype_) return clone();
   Tensor out(shape_, t);
   const DType from = dtype_;

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <bit>
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -23,8 +25,8 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicLen = 6;
-constexpr size_t kAlign = 64;            // data starts at a multiple of this (what NumPy writes)
-constexpr size_t kGrowthDigits = 21;     // NumPy leaves room for the first axis to grow to this many digits
+constexpr size_t kAlign = 64;         // data starts at a multiple of this (what NumPy writes)
+constexpr size_t kGrowthDigits = 21;  // NumPy leaves room for the first axis to grow to this many digits
 
 // Header text made safe to quote in a message: non-printable bytes become \xNN, long text is cut.
 std::string printable(const std::string& s, size_t max_len = 80) {
@@ -44,6 +46,12 @@ std::string printable(const std::string& s, size_t max_len = 80) {
 }
 
 std::string errno_text(int err) { return std::strerror(err); }
+
+// Throws qkv::Error(concat(args...)). Unlike check(), callers build the message only on failure.
+template <class... Args>
+[[noreturn]] void fail(const Args&... args) {
+  throw Error(detail::concat(args...));
+}
 
 // ---------------------------------------------------------------------------------------------
 // The header: a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
@@ -198,8 +206,8 @@ class HeaderParser {
     int64_t v = 0;
     while (!at_end() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) {
       if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, s_[pos_] - '0', &v)) {
-        throw Error(detail::concat(name_, ": dimension in 'shape' does not fit in int64; header is \"", printable(s_),
-                                   "\""));
+        throw Error(
+            detail::concat(name_, ": dimension in 'shape' does not fit in int64; header is \"", printable(s_), "\""));
       }
       ++pos_;
     }
@@ -249,15 +257,16 @@ uint64_t get_le(const std::string& s, size_t at, size_t bytes) {
 }
 
 std::string npy_bytes(const Tensor& t, const std::string& context) {
-  check(t.defined(), context, ": cannot write an undefined tensor to .npy");
+  if (!t.defined()) fail(context, ": cannot write an undefined tensor to .npy");
   const char* descr = descr_of(t.dtype());
-  check(descr != nullptr, context, ": cannot write ", t.describe(),
-        " to .npy (expected float32, float64, int32, int64 or bool; .npy has no bfloat16)");
+  if (descr == nullptr)
+    fail(context, ": cannot write ", t.describe(),
+         " to .npy (expected float32, float64, int32, int64 or bool; .npy has no bfloat16)");
 
   // The dict exactly as NumPy writes it: sorted keys, repr'd values, then room for the first
   // axis to grow in place.
-  std::string dict = detail::concat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape_str(t.shape()),
-                                    ", }");
+  std::string dict =
+      detail::concat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape_str(t.shape()), ", }");
   if (t.dim() > 0) {
     const size_t digits = std::to_string(t.shape()[0]).size();
     dict.append(kGrowthDigits - digits, ' ');
@@ -272,7 +281,7 @@ std::string npy_bytes(const Tensor& t, const std::string& context) {
   if (hlen + pad > 0xffff) {
     len_bytes = 4;
     pad = kAlign - (kMagicLen + 2 + len_bytes + hlen) % kAlign;
-    check(hlen + pad <= 0xffffffffu, context, ": .npy header for ", t.describe(), " is too long");
+    if (hlen + pad > 0xffffffffu) fail(context, ": .npy header for ", t.describe(), " is too long");
   }
 
   const Tensor c = t.contiguous();
@@ -298,34 +307,37 @@ std::string npy_bytes(const Tensor& t, const std::string& context) {
 Tensor parse_npy(const std::string& bytes, const std::string& name) {
   // Magic string and version.
   const size_t n = bytes.size();
-  check(n > 0, name, ": empty file (expected a .npy file starting with the magic string \\x93NUMPY)");
+  if (n == 0) fail(name, ": empty file (expected a .npy file starting with the magic string \\x93NUMPY)");
   const bool magic_ok = bytes.compare(0, kMagicLen, kMagic, std::min(n, kMagicLen)) == 0;
-  check(magic_ok, name, ": not a .npy file (expected the magic string \\x93NUMPY, found \"",
-        printable(bytes.substr(0, kMagicLen)), "\")");
-  check(n >= kMagicLen + 2, name, ": truncated .npy header (file is ", n,
-        " bytes, expected the magic string and a format version)");
+  if (!magic_ok)
+    fail(name, ": not a .npy file (expected the magic string \\x93NUMPY, found \"",
+         printable(bytes.substr(0, kMagicLen)), "\")");
+  if (n < kMagicLen + 2)
+    fail(name, ": truncated .npy header (file is ", n, " bytes, expected the magic string and a format version)");
   const int major = static_cast<unsigned char>(bytes[kMagicLen]);
   const int minor = static_cast<unsigned char>(bytes[kMagicLen + 1]);
-  check((major == 1 || major == 2 || major == 3) && minor == 0, name, ": unsupported .npy format version ", major, ".",
-        minor, " (expected 1.0, 2.0 or 3.0)");
+  if ((major != 1 && major != 2 && major != 3) || minor != 0)
+    fail(name, ": unsupported .npy format version ", major, ".", minor, " (expected 1.0, 2.0 or 3.0)");
 
   // Header length: 16 bits in version 1, 32 bits later.
   const size_t len_bytes = major == 1 ? 2 : 4;
   const size_t len_at = kMagicLen + 2;
-  check(n >= len_at + len_bytes, name, ": truncated .npy header (file is ", n, " bytes, expected at least ",
-        len_at + len_bytes, ")");
+  if (n < len_at + len_bytes)
+    fail(name, ": truncated .npy header (file is ", n, " bytes, expected at least ", len_at + len_bytes, ")");
   const uint64_t hlen = get_le(bytes, len_at, len_bytes);
   const size_t header_at = len_at + len_bytes;
-  check(hlen <= n - header_at, name, ": .npy header length ", hlen, " runs past the end of the file (", n - header_at,
-        " bytes follow the length field)");
+  if (hlen > n - header_at)
+    fail(name, ": .npy header length ", hlen, " runs past the end of the file (", n - header_at,
+         " bytes follow the length field)");
   const std::string text = bytes.substr(header_at, hlen);
   const size_t data_at = header_at + hlen;
 
   // Header dict. Version 3 is UTF-8 rather than latin-1; every accepted value is ASCII either way.
   const Header h = HeaderParser(text, name).parse();
   const std::optional<DType> dt = dtype_from_descr(h.descr);
-  check(dt.has_value(), name, ": unsupported dtype '", printable(h.descr),
-        "' (expected little-endian float32, float64, int32, int64 or bool: '<f4', '<f8', '<i4', '<i8' or '|b1')");
+  if (!dt.has_value())
+    fail(name, ": unsupported dtype '", printable(h.descr),
+         "' (expected little-endian float32, float64, int32, int64 or bool: '<f4', '<f8', '<i4', '<i8' or '|b1')");
 
   // Size: computed without overflow and required to match the rest of the file exactly. Zero-size
   // dimensions count as 1 here so the tensor's strides are representable too.
@@ -333,24 +345,25 @@ Tensor parse_npy(const std::string& bytes, const std::string& name) {
   const std::string what = detail::concat(dtype_name(*dt), " ", shape_str(h.shape));
   int64_t count = 1, span = 1;
   for (int64_t d : h.shape) {
-    check(!__builtin_mul_overflow(count, d, &count) && !__builtin_mul_overflow(span, d > 1 ? d : 1, &span), name,
-          ": shape ", shape_str(h.shape), " is too large (element count overflows int64)");
+    if (__builtin_mul_overflow(count, d, &count) || __builtin_mul_overflow(span, d > 1 ? d : 1, &span))
+      fail(name, ": shape ", shape_str(h.shape), " is too large (element count overflows int64)");
   }
   int64_t need = 0, span_bytes = 0;
-  check(!__builtin_mul_overflow(count, item, &need) && !__builtin_mul_overflow(span, item, &span_bytes), name,
-        ": shape ", shape_str(h.shape), " of ", dtype_name(*dt), " is too large (byte count overflows int64)");
+  if (__builtin_mul_overflow(count, item, &need) || __builtin_mul_overflow(span, item, &span_bytes))
+    fail(name, ": shape ", shape_str(h.shape), " of ", dtype_name(*dt), " is too large (byte count overflows int64)");
   const size_t have = n - data_at;
-  check(static_cast<uint64_t>(need) <= have, name, ": truncated data: ", what, " needs ", need, " bytes, file has ",
-        have, " after the header");
-  check(static_cast<uint64_t>(need) == have, name, ": ", have - static_cast<size_t>(need),
-        " trailing bytes after the data of ", what, " (expected exactly ", need, " bytes)");
+  if (static_cast<uint64_t>(need) > have)
+    fail(name, ": truncated data: ", what, " needs ", need, " bytes, file has ", have, " after the header");
+  if (static_cast<uint64_t>(need) != have)
+    fail(name, ": ", have - static_cast<size_t>(need), " trailing bytes after the data of ", what,
+         " (expected exactly ", need, " bytes)");
 
   const char* data = bytes.data() + data_at;
   if (*dt == DType::Bool) {
     for (int64_t i = 0; i < count; ++i) {
       const unsigned char b = static_cast<unsigned char>(data[i]);
-      check(b <= 1, name, ": bool element ", i, " of ", what, " has byte value ", static_cast<int>(b),
-            " (expected 0 or 1)");
+      if (b > 1)
+        fail(name, ": bool element ", i, " of ", what, " has byte value ", static_cast<int>(b), " (expected 0 or 1)");
     }
   }
 
@@ -368,7 +381,7 @@ Tensor parse_npy(const std::string& bytes, const std::string& name) {
 
 Tensor read_npy(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  check(fd >= 0, path, ": cannot open .npy file: ", errno_text(errno));
+  if (fd < 0) fail(path, ": cannot open .npy file: ", errno_text(errno));
   std::string bytes;
   struct stat st {};
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
@@ -391,20 +404,43 @@ Tensor read_npy(const std::string& path) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+namespace {
+
+// Bits for temporary file names: the random device when it works, mixed with the clock and a counter.
+uint64_t random_bits() {
+  static std::atomic<uint64_t> counter{0};
+  uint64_t r = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+               (counter.fetch_add(1) + 1) * 0x9e3779b97f4a7c15ull;
+  try {
+    std::random_device rd;
+    r ^= (static_cast<uint64_t>(rd()) << 32) | rd();
+  } catch (const std::exception&) {
+    // No entropy source: the clock and the counter still differ between calls.
+  }
+  return r;
+}
+
+}  // namespace
+
 std::string to_npy_bytes(const Tensor& t) { return npy_bytes(t, "to_npy_bytes"); }
 
 void write_npy(const std::string& path, const Tensor& t) { write_file_atomic(path, npy_bytes(t, path)); }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::random_device rd;
-  char suffix[64];
-  std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%08x%08x", static_cast<long>(::getpid()), rd(), rd());
-  const std::string tmp = path + suffix;
-
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  check(fd >= 0, path, ": cannot write: cannot create temporary file ", tmp, ": ", errno_text(errno));
+  // A temporary name no other writer uses: path + ".tmp.<pid>.<random>", created exclusively.
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    char suffix[64];
+    std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
+                  static_cast<unsigned long long>(random_bits()));
+    tmp = path + suffix;
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno != EEXIST || attempt == 10))
+      fail(path, ": cannot write: cannot create temporary file ", tmp, ": ", errno_text(errno));
+  }
   // From here on, any failure removes the temporary file; the target is untouched until rename.
-  auto fail = [&](const char* step, int err) {
+  auto abandon = [&](const char* step, int err) {
     ::close(fd);
     ::unlink(tmp.c_str());
     throw Error(detail::concat(path, ": cannot write: ", step, " failed: ", errno_text(err)));
@@ -413,10 +449,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   while (done < bytes.size()) {
     const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (put < 0 && errno == EINTR) continue;
-    if (put < 0) fail("write", errno);
+    if (put < 0) abandon("write", errno);
     done += static_cast<size_t>(put);
   }
-  if (::fsync(fd) != 0) fail("fsync", errno);
+  if (::fsync(fd) != 0) abandon("fsync", errno);
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

@@ -1,0 +1,14 @@
+// Prints the chapter's output [5.912, 4.088] through the installed library.
+#include <qkv/qkv.h>
+
+#include <cmath>
+#include <cstdio>
+
+int main() {
+  qkv::Tensor q = qkv::Tensor::from<float>({1, 2}, {std::sqrt(2.0f), 0.0f});
+  qkv::Tensor k = qkv::Tensor::from<float>({3, 2}, {1, 0, 0, 1, 1, 1});
+  qkv::Tensor v = qkv::Tensor::from<float>({3, 2}, {10, 0, 0, 10, 4, 6});
+  qkv::AttentionOutput r = qkv::attention(q, k, v);
+  std::printf("[%.3f, %.3f]\n", r.out.data<float>()[0], r.out.data<float>()[1]);
+  return 0;
+}
