@@ -114,8 +114,8 @@ void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk
         T* dqb = dq + bh * s.Tq * s.Dk;
         probabilities(in, b, h, P.data(), lse.data());
         for (int64_t i = 0; i < s.Tq; ++i) {
-          const T* Pi = &P[i * s.Tk];
-          T* dPi = &dP[i * s.Tk];
+          const T* Pi = P.data() + i * s.Tk;
+          T* dPi = dP.data() + i * s.Tk;
           // dP_ij <- dO_i . v_j ;  D_i <- sum_j P_ij dP_ij
           T Di = 0;
           for (int64_t j = 0; j < s.Tk; ++j) {

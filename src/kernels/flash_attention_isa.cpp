@@ -27,14 +27,13 @@ constexpr int NV = 2;
 constexpr int NR = NV * W;
 constexpr int MR = W == 16 ? 12 : 6;
 
-template <int M, int NVEC>
-void ukernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-             bool accumulate) {
+template <int M, int NVEC, bool kAccumulate>
+void ukernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
   vf c[M][NVEC];
 #pragma GCC unroll 16
   for (int r = 0; r < M; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NVEC; ++v) c[r][v] = accumulate ? simd::load(C + r * ldc + v * W) : vf{};
+    for (int v = 0; v < NVEC; ++v) c[r][v] = kAccumulate ? simd::load(C + r * ldc + v * W) : vf{};
   for (int64_t k = 0; k < K; ++k) {
     vf b[NVEC];
 #pragma GCC unroll 4
@@ -52,12 +51,15 @@ void ukernel(int64_t K, const float* A, int64_t lda, const float* B, int64_t ldb
     for (int v = 0; v < NVEC; ++v) simd::store(C + r * ldc + v * W, c[r][v]);
 }
 
-using UkernelFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+using UkernelFn = void (*)(int64_t, const float*, int64_t, const float*, int64_t, float*, int64_t);
 
+// fn[accumulate][rows - 1][vectors - 1]
 template <int... Ms>
 struct UkernelTable {
-  UkernelFn fn[sizeof...(Ms)][NV];
-  constexpr UkernelTable() : fn{{&ukernel<Ms + 1, 1>, &ukernel<Ms + 1, 2>}...} {}
+  UkernelFn fn[2][sizeof...(Ms)][NV];
+  constexpr UkernelTable()
+      : fn{{{&ukernel<Ms + 1, 1, false>, &ukernel<Ms + 1, 2, false>}...},
+           {{&ukernel<Ms + 1, 1, true>, &ukernel<Ms + 1, 2, true>}...}} {}
 };
 template <size_t... I>
 constexpr auto make_table(std::index_sequence<I...>) {
@@ -72,7 +74,7 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
     const int nv = N - j >= NR ? NV : static_cast<int>((N - j) / W);
     for (int64_t i = 0; i < M; i += MR) {
       const int m = static_cast<int>(std::min<int64_t>(MR, M - i));
-      kUkernels.fn[m - 1][nv - 1](K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+      kUkernels.fn[accumulate][m - 1][nv - 1](K, A + i * lda, lda, B + j, ldb, C + i * ldc + j, ldc);
     }
   }
 }

@@ -2,6 +2,8 @@
 // did not fall back to a generic kernel on a CPU it failed to recognise.
 #include "qkv/gemm.h"
 
+#include "kernels/gemm_internal.h"
+
 #include <cblas.h>
 
 #include <string>
@@ -26,6 +28,19 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
 }
 
+std::string blas_fallback_advice(const std::string& c, bool cpu_avx2, bool cpu_avx512) {
+  // OpenBLAS kernels that use neither AVX2 nor AVX-512.
+  static const char* const kOld[] = {"Prescott", "Core2",   "Penryn",     "Nehalem", "Dunnington",
+                                     "Atom",     "Barcelona", "Opteron",  "Bulldozer", "Sandybridge",
+                                     "Katmai",   "Coppermine", "Northwood", "Banias"};
+  bool old = false;
+  for (const char* k : kOld) old |= c == k;
+  if (!old) return "";
+  if (cpu_avx512) return "OPENBLAS_CORETYPE=SkylakeX";
+  if (cpu_avx2) return "OPENBLAS_CORETYPE=Haswell";
+  return "";
+}
+
 BlasInfo blas_info() {
   BlasInfo info;
   info.library = openblas_get_config();
@@ -35,20 +50,8 @@ BlasInfo blas_info() {
     case 1: info.threading = "pthreads"; break;
     default: info.threading = "openmp"; break;
   }
-  // Kernels that use neither AVX2 nor AVX-512.
-  const std::string c = info.corename;
-  bool old = c == "Prescott" || c == "Core2" || c == "Penryn" || c == "Nehalem" || c == "Dunnington" ||
-             c == "Atom" || c == "Barcelona" || c == "Opteron" || c == "Bulldozer" || c == "Sandybridge" ||
-             c == "Katmai" || c == "Coppermine" || c == "Northwood" || c == "Banias";
-  if (old && cpu_supports(Isa::AVX512)) {
-    info.generic_fallback = true;
-    info.advice = "OPENBLAS_CORETYPE=SkylakeX";
-  } else if (old && cpu_supports(Isa::AVX2)) {
-    info.generic_fallback = true;
-    info.advice = "OPENBLAS_CORETYPE=Haswell";
-  } else {
-    info.generic_fallback = false;
-  }
+  info.advice = blas_fallback_advice(info.corename, cpu_supports(Isa::AVX2), cpu_supports(Isa::AVX512));
+  info.generic_fallback = !info.advice.empty();
   return info;
 }
 

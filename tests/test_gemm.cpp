@@ -1,0 +1,50 @@
+// The BLAS wrapper: results, and the check for OpenBLAS's generic-kernel fallback.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "kernels/gemm_internal.h"
+#include "qkv/qkv.h"
+
+namespace qkv {
+namespace {
+
+TEST(Gemm, MatchesNaiveProductWithTransposes) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n;
+  const int64_t M = 37, N = 29, K = 41;
+  std::vector<float> A(M * K), B(K * N), C(M * N, 1.0f);
+  for (float& x : A) x = n(rng);
+  for (float& x : B) x = n(rng);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      // A stored (M, K) or, transposed, (K, M); likewise B.
+      sgemm(ta, tb, M, N, K, 2.0f, A.data(), ta ? M : K, B.data(), tb ? K : N, 0.5f, C.data(), N);
+      std::vector<float> want(M * N, 1.0f);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double acc = 0;
+          for (int64_t k = 0; k < K; ++k)
+            acc += static_cast<double>(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+          want[i * N + j] = static_cast<float>(2.0 * acc + 0.5 * want[i * N + j]);
+        }
+      for (int64_t i = 0; i < M * N; ++i) ASSERT_NEAR(C[i], want[i], 1e-4) << ta << tb << " at " << i;
+      std::fill(C.begin(), C.end(), 1.0f);
+    }
+}
+
+TEST(Gemm, FallbackDetection) {
+  EXPECT_EQ(blas_fallback_advice("Prescott", true, true), "OPENBLAS_CORETYPE=SkylakeX");
+  EXPECT_EQ(blas_fallback_advice("Prescott", true, false), "OPENBLAS_CORETYPE=Haswell");
+  EXPECT_EQ(blas_fallback_advice("Prescott", false, false), "");  // an old CPU: Prescott is right
+  EXPECT_EQ(blas_fallback_advice("Haswell", true, true), "");
+  EXPECT_EQ(blas_fallback_advice("SkylakeX", true, true), "");
+  EXPECT_EQ(blas_fallback_advice("Zen", true, false), "");
+  const BlasInfo info = blas_info();
+  EXPECT_FALSE(info.corename.empty());
+  EXPECT_EQ(info.threading, "openmp") << "qkv must link OpenBLAS's OpenMP build (one thread pool)";
+}
+
+}  // namespace
+}  // namespace qkv
