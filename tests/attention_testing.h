@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/attention_ref.h"
+#include "kernels/flash_attention.h"
 #include "qkv/qkv.h"
 
 namespace qkv::testing {
@@ -140,6 +143,42 @@ inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     kernels::attention_ref_backward<double>(in, dd.data<double>(), o.dq.data(), o.dk.data(), o.dv.data(), 2);
   }
   return o;
+}
+
+// The test-only w16avx2 variant of the flash kernel (the AVX-512 logic built for AVX2), called
+// directly. q, k, v: 4-D float32 with a contiguous last dimension; dout 4-D contiguous.
+struct DirectResult {
+  Tensor out, lse, dq, dk, dv;
+};
+inline DirectResult flash_w16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                              const AttentionSpec& spec, int threads) {
+  kernels::AttnShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+  Tensor mask_c, bool_c;
+  std::vector<int64_t> lens;
+  std::vector<float> slopes;
+  kernels::AttnInputs<float> in;
+  in.s = s;
+  in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(s.Dk));
+  in.m = mask_params(spec, s, mask_c, bool_c, lens, slopes);
+  in.q = q.data<float>();
+  in.qs = {q.stride(0), q.stride(1), q.stride(2)};
+  in.k = k.data<float>();
+  in.ks = {k.stride(0), k.stride(1), k.stride(2)};
+  in.v = v.data<float>();
+  in.vs = {v.stride(0), v.stride(1), v.stride(2)};
+  DirectResult r{Tensor({s.B, s.H, s.Tq, s.Dv}, DType::F32), Tensor({s.B, s.H, s.Tq}, DType::F32),
+                 Tensor({s.B, s.H, s.Tq, s.Dk}, DType::F32), Tensor({s.B, s.Hkv, s.Tk, s.Dk}, DType::F32),
+                 Tensor({s.B, s.Hkv, s.Tk, s.Dv}, DType::F32)};
+  auto workspace = [](size_t bytes) {
+    return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, (bytes + 127) / 64 * 64), &std::free);
+  };
+  auto ws = workspace(kernels::w16avx2::flash_forward_workspace(s, threads));
+  kernels::w16avx2::flash_forward(in, r.out.data<float>(), r.lse.data<float>(), ws.get(), threads);
+  Tensor dc = dout.contiguous();
+  auto wb = workspace(kernels::w16avx2::flash_backward_workspace(s, threads));
+  kernels::w16avx2::flash_backward(in, r.out.data<float>(), dc.data<float>(), r.lse.data<float>(), r.dq.data<float>(),
+                                   r.dk.data<float>(), r.dv.data<float>(), wb.get(), threads);
+  return r;
 }
 
 inline bool bitwise_equal(const Tensor& a, const Tensor& b) {

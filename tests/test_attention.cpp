@@ -173,9 +173,21 @@ TEST(FlashVsOracle, Grid) {
           ++cases;
         }
       }
+      {
+        // The AVX-512 variant's logic (W = 16), built for AVX2 so it runs here too.
+        SCOPED_TRACE("isa=w16avx2 (the avx512 logic)");
+        const DirectResult w = flash_w16(qv, kv, vv, dout, spec, 2);
+        EXPECT_TRUE(within_bound("out", w.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
+        EXPECT_TRUE(within_bound("lse", w.lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
+        EXPECT_TRUE(within_bound("dq", w.dq, pg.dq, o.dq, 2e-6 * (1 + max_abs(o.dq))));
+        EXPECT_TRUE(within_bound("dk", w.dk, pg.dk, o.dk, 2e-6 * (1 + max_abs(o.dk))));
+        EXPECT_TRUE(within_bound("dv", w.dv, pg.dv, o.dv, 2e-6 * (1 + max_abs(o.dv))));
+        check_masked_rows(w.out, w.lse, w.dq, o.lse, d.Dv, d.Dk, ctx);
+        ++cases;
+      }
     }
   }
-  EXPECT_GE(cases, 64 * 2);
+  EXPECT_GE(cases, 64 * 3);
 }
 
 // The reference itself against central finite differences, in double, on small shapes.

@@ -43,6 +43,7 @@ void attention_weights_from_lse(const AttnInputs<float>& in, const float* lse, i
 QKV_DECLARE_FLASH_ISA(generic)
 QKV_DECLARE_FLASH_ISA(avx2)
 QKV_DECLARE_FLASH_ISA(avx512)
+QKV_DECLARE_FLASH_ISA(w16avx2)  // test-only: the avx512 logic compiled for AVX2
 #undef QKV_DECLARE_FLASH_ISA
 
 }  // namespace qkv::kernels
