@@ -114,33 +114,47 @@ inline kernels::MaskParams mask_params(const AttentionSpec& spec, const kernels:
   return m;
 }
 
-// q, k, v: 4-D float32; dout may be undefined (forward only).
-inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec) {
-  kernels::AttnShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-  Tensor mask_c, bool_c;
+// Kernel arguments for 4-D q, k, v (last dimension contiguous) and a spec, in precision T
+// (double: converted copies; float: the tensors themselves). Owns what the pointers point to.
+template <class T>
+struct KernelInputs {
+  Tensor q, k, v, mask_c, bool_c;
   std::vector<int64_t> lens;
   std::vector<float> slopes;
-  kernels::AttnInputs<double> in;
-  in.s = s;
-  in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(s.Dk));
-  in.m = mask_params(spec, s, mask_c, bool_c, lens, slopes);
-  Tensor qd = q.to(DType::F64), kd = k.to(DType::F64), vd = v.to(DType::F64);
-  in.q = qd.data<double>();
-  in.qs = {qd.stride(0), qd.stride(1), qd.stride(2)};
-  in.k = kd.data<double>();
-  in.ks = {kd.stride(0), kd.stride(1), kd.stride(2)};
-  in.v = vd.data<double>();
-  in.vs = {vd.stride(0), vd.stride(1), vd.stride(2)};
+  kernels::AttnInputs<T> in;
+  KernelInputs(const Tensor& q4, const Tensor& k4, const Tensor& v4, const AttentionSpec& spec)
+      : q(convert(q4)), k(convert(k4)), v(convert(v4)) {
+    in.s = {q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+    in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(in.s.Dk));
+    in.m = mask_params(spec, in.s, mask_c, bool_c, lens, slopes);
+    in.q = q.data<T>();
+    in.qs = {q.stride(0), q.stride(1), q.stride(2)};
+    in.k = k.data<T>();
+    in.ks = {k.stride(0), k.stride(1), k.stride(2)};
+    in.v = v.data<T>();
+    in.vs = {v.stride(0), v.stride(1), v.stride(2)};
+  }
+  KernelInputs(const KernelInputs&) = delete;
+  KernelInputs& operator=(const KernelInputs&) = delete;
+
+ private:
+  static Tensor convert(const Tensor& t) { return t.dtype() == dtype_of<T>() ? t : t.to(dtype_of<T>()); }
+};
+
+// q, k, v: 4-D float32; dout may be undefined (forward only).
+inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec) {
+  const KernelInputs<double> ki(q, k, v, spec);
+  const kernels::AttnShape& s = ki.in.s;
   Oracle o;
   o.out.resize(s.B * s.H * s.Tq * s.Dv);
   o.lse.resize(s.B * s.H * s.Tq);
-  kernels::attention_ref_forward<double>(in, o.out.data(), o.lse.data(), 2);
+  kernels::attention_ref_forward<double>(ki.in, o.out.data(), o.lse.data(), 2);
   if (dout.defined()) {
     Tensor dd = dout.to(DType::F64);
     o.dq.resize(s.B * s.H * s.Tq * s.Dk);
     o.dk.resize(s.B * s.Hkv * s.Tk * s.Dk);
     o.dv.resize(s.B * s.Hkv * s.Tk * s.Dv);
-    kernels::attention_ref_backward<double>(in, dd.data<double>(), o.dq.data(), o.dk.data(), o.dv.data(), 2);
+    kernels::attention_ref_backward<double>(ki.in, dd.data<double>(), o.dq.data(), o.dk.data(), o.dv.data(), 2);
   }
   return o;
 }
@@ -152,20 +166,9 @@ struct DirectResult {
 };
 inline DirectResult flash_w16(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                               const AttentionSpec& spec, int threads) {
-  kernels::AttnShape s{q.size(0), q.size(1), k.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
-  Tensor mask_c, bool_c;
-  std::vector<int64_t> lens;
-  std::vector<float> slopes;
-  kernels::AttnInputs<float> in;
-  in.s = s;
-  in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(s.Dk));
-  in.m = mask_params(spec, s, mask_c, bool_c, lens, slopes);
-  in.q = q.data<float>();
-  in.qs = {q.stride(0), q.stride(1), q.stride(2)};
-  in.k = k.data<float>();
-  in.ks = {k.stride(0), k.stride(1), k.stride(2)};
-  in.v = v.data<float>();
-  in.vs = {v.stride(0), v.stride(1), v.stride(2)};
+  const KernelInputs<float> ki(q, k, v, spec);
+  const kernels::AttnInputs<float>& in = ki.in;
+  const kernels::AttnShape& s = in.s;
   DirectResult r{Tensor({s.B, s.H, s.Tq, s.Dv}, DType::F32), Tensor({s.B, s.H, s.Tq}, DType::F32),
                  Tensor({s.B, s.H, s.Tq, s.Dk}, DType::F32), Tensor({s.B, s.Hkv, s.Tk, s.Dk}, DType::F32),
                  Tensor({s.B, s.Hkv, s.Tk, s.Dv}, DType::F32)};

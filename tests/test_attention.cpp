@@ -21,6 +21,16 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // key) is judged against the rounding residue of D = rowsum(dO * O). docs/numerics.md.
 double geps(const Oracle& o) { return 2e-6 * (1 + std::max({max_abs(o.dq), max_abs(o.dk), max_abs(o.dv)})); }
 
+// Every output and gradient of a flash result within the bound.
+void expect_within_bounds(const Tensor& out, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          const AttentionOutput& po, const AttentionGrads& pg, const Oracle& o) {
+  EXPECT_TRUE(within_bound("out", out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
+  EXPECT_TRUE(within_bound("lse", lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
+  EXPECT_TRUE(within_bound("dq", dq, pg.dq, o.dq, geps(o)));
+  EXPECT_TRUE(within_bound("dk", dk, pg.dk, o.dk, geps(o)));
+  EXPECT_TRUE(within_bound("dv", dv, pg.dv, o.dv, geps(o)));
+}
+
 // Masks: each case fills the spec for a problem of the given sizes.
 std::string apply_mask(int kind, AttentionSpec& spec, int64_t B, int64_t H, int64_t Tq, int64_t Tk, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -169,11 +179,7 @@ TEST(FlashVsOracle, Grid) {
           const AttentionGrads fg = attention_backward(qv, kv, vv, fo.out, fo.lse, dout, fs);
           // eps: docs/numerics.md (relative to the largest true value; gradients get twice the
           // room because flash forms D = rowsum(dO * O) from the rounded output).
-          EXPECT_TRUE(within_bound("out", fo.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
-          EXPECT_TRUE(within_bound("lse", fo.lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
-          EXPECT_TRUE(within_bound("dq", fg.dq, pg.dq, o.dq, geps(o)));
-          EXPECT_TRUE(within_bound("dk", fg.dk, pg.dk, o.dk, geps(o)));
-          EXPECT_TRUE(within_bound("dv", fg.dv, pg.dv, o.dv, geps(o)));
+          expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
           check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, d.Dv, d.Dk, ctx);
           ++cases;
         }
@@ -182,11 +188,7 @@ TEST(FlashVsOracle, Grid) {
         // The AVX-512 variant's logic (W = 16), built for AVX2 so it runs here too.
         SCOPED_TRACE("isa=w16avx2 (the avx512 logic)");
         const DirectResult w = flash_w16(qv, kv, vv, dout, spec, 2);
-        EXPECT_TRUE(within_bound("out", w.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
-        EXPECT_TRUE(within_bound("lse", w.lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
-        EXPECT_TRUE(within_bound("dq", w.dq, pg.dq, o.dq, geps(o)));
-        EXPECT_TRUE(within_bound("dk", w.dk, pg.dk, o.dk, geps(o)));
-        EXPECT_TRUE(within_bound("dv", w.dv, pg.dv, o.dv, geps(o)));
+        expect_within_bounds(w.out, w.lse, w.dq, w.dk, w.dv, po, pg, o);
         check_masked_rows(w.out, w.lse, w.dq, o.lse, d.Dv, d.Dk, ctx);
         ++cases;
       }
@@ -230,17 +232,13 @@ TEST(FlashVsOracle, RandomSweep) {
     Tensor qv = c % 2 ? strided(q, 1, rng) : q, kv = c % 3 ? strided(k, 2, rng) : k;
     const AttentionOutput fo = attention(qv, kv, v, fs);
     const AttentionGrads fg = attention_backward(qv, kv, v, fo.out, fo.lse, dout, fs);
-    EXPECT_TRUE(within_bound("out", fo.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
-    EXPECT_TRUE(within_bound("lse", fo.lse, po.lse, o.lse, 1e-6 * (1 + max_abs(o.lse))));
-    EXPECT_TRUE(within_bound("dq", fg.dq, pg.dq, o.dq, geps(o)));
-    EXPECT_TRUE(within_bound("dk", fg.dk, pg.dk, o.dk, geps(o)));
-    EXPECT_TRUE(within_bound("dv", fg.dv, pg.dv, o.dv, geps(o)));
+    expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
     check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, Dv, Dk, "random sweep");
     const DirectResult w = flash_w16(qv, kv, v, dout, spec, threads);
-    EXPECT_TRUE(within_bound("out (w16)", w.out, po.out, o.out, 1e-6 * (1 + max_abs(o.out))));
-    EXPECT_TRUE(within_bound("dq (w16)", w.dq, pg.dq, o.dq, geps(o)));
-    EXPECT_TRUE(within_bound("dk (w16)", w.dk, pg.dk, o.dk, geps(o)));
-    EXPECT_TRUE(within_bound("dv (w16)", w.dv, pg.dv, o.dv, geps(o)));
+    {
+      SCOPED_TRACE("w16avx2 (the avx512 logic)");
+      expect_within_bounds(w.out, w.lse, w.dq, w.dk, w.dv, po, pg, o);
+    }
   }
 }
 
@@ -258,26 +256,12 @@ TEST(Reference, GradientsMatchFiniteDifferences) {
     // loss(x) = sum(out(x) * dout), in double through the oracle
     std::vector<float> dov = values(dout);
     auto loss_with = [&](Tensor& t, int64_t i, double delta) {
-      // perturb in double: run the double oracle on a double copy
-      kernels::AttnShape s{B, H, Hkv, Tq, Tk, Dk, Dv};
-      Tensor mc, bc;
-      std::vector<int64_t> lens;
-      std::vector<float> slopes;
-      kernels::AttnInputs<double> in;
-      in.s = s;
-      in.scale = spec.scale ? *spec.scale : 1.0 / std::sqrt(static_cast<double>(Dk));
-      in.m = mask_params(spec, s, mc, bc, lens, slopes);
-      Tensor qd = q.to(DType::F64), kd = k.to(DType::F64), vd = v.to(DType::F64);
-      Tensor* target = &t == &q ? &qd : &t == &k ? &kd : &vd;
-      target->data<double>()[i] += delta;
-      in.q = qd.data<double>();
-      in.qs = {H * Tq * Dk, Tq * Dk, Dk};
-      in.k = kd.data<double>();
-      in.ks = {Hkv * Tk * Dk, Tk * Dk, Dk};
-      in.v = vd.data<double>();
-      in.vs = {Hkv * Tk * Dv, Tk * Dv, Dv};
+      // perturb one input in double and run the double oracle
+      const KernelInputs<double> ki(q, k, v, spec);
+      const Tensor& target = &t == &q ? ki.q : &t == &k ? ki.k : ki.v;
+      target.data<double>()[i] += delta;
       std::vector<double> out(B * H * Tq * Dv), lse(B * H * Tq);
-      kernels::attention_ref_forward<double>(in, out.data(), lse.data(), 1);
+      kernels::attention_ref_forward<double>(ki.in, out.data(), lse.data(), 1);
       double L = 0;
       for (size_t j = 0; j < out.size(); ++j) L += out[j] * dov[j];
       return L;
