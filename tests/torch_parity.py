@@ -593,6 +593,38 @@ def bad_input_cases(runner):
     return results
 
 
+def weights_rows_case(runner):
+    """--weights with --rows BEGIN:END: only those query rows, recomputed from lse."""
+    rng = np.random.default_rng(77)
+    B, H, Tq, Tk, D = 2, 3, 29, 41, 16
+    q, k, v = (randn(rng, B, H, t, D) for t in (Tq, Tk, Tk))
+    paths = [runner.save(n, a) for n, a in (("q", q), ("k", k), ("v", v))]
+    w_path, z_path = runner.path("weights_rows"), runner.path("z")
+    base = ["attend", "--q", paths[0], "--k", paths[1], "--v", paths[2], "--out", z_path, "--causal"]
+    rc, _, err = runner.run(base + ["--weights", w_path, "--rows", "5:12"])
+    problems = []
+    if rc != 0:
+        return [("weights-rows", "", [f"qkv exited with {rc}: {err.strip()}"])]
+    w = np.load(w_path)
+    s = torch.from_numpy(q).double() @ torch.from_numpy(k).double().transpose(-2, -1) / np.sqrt(D)
+    allowed = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)
+    truth = torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1)[:, :, 5:12].numpy()
+    if w.shape != (B, H, 7, Tk):
+        problems.append(f"--rows 5:12 gave shape {w.shape}, expected {(B, H, 7, Tk)}")
+    else:
+        err_w = float(np.abs(w - truth).max())
+        if not err_w <= 1e-5:
+            problems.append(f"weights rows 5:12 differ from torch by {err_w:.3g} (bound 1e-5)")
+    for bad in ("12:5", "0:99", "x:3", "7"):
+        rc, _, err = runner.run(base + ["--weights", runner.path("w_bad"), "--rows", bad])
+        if rc != 2 or not err.startswith("qkv: error:") or "--rows" not in err:
+            problems.append(f"--rows {bad}: exit {rc}, stderr {err.strip()!r}; expected exit 2 and a --rows error")
+    rc, _, err = runner.run(base + ["--rows", "0:3"])
+    if rc != 2:
+        problems.append(f"--rows without --weights: exit {rc}, expected 2")
+    return [("weights-rows", f"shape {tuple(w.shape)}", problems)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", required=True, help="path to the qkv binary")
@@ -611,6 +643,7 @@ def main():
         groups = [(c["name"], (lambda c=c: run_case(c, runner))) for c in cases()]
         groups += [("float64-inputs", lambda: float64_input_case(runner)),
                    ("mha-module-keypadding", lambda: mha_case(runner)),
+                   ("weights-rows", lambda: weights_rows_case(runner)),
                    ("bad-input", lambda: bad_input_cases(runner))]
         for gname, fn in groups:
             if args.only and args.only not in gname:

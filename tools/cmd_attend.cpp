@@ -4,6 +4,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "commands.h"
 #include "qkv/qkv.h"
@@ -18,7 +19,30 @@ struct AttendOptions {
   bool alibi = false;
   std::optional<double> scale;
   std::string impl = "flash";
+  std::string rows;  // "BEGIN:END" for --weights
 };
+
+// "BEGIN:END" (either side may be empty) -> [begin, end) within [0, n).
+std::pair<int64_t, int64_t> parse_rows(const std::string& spec, int64_t n) {
+  if (spec.empty()) return {0, n};
+  const auto colon = spec.find(':');
+  check(colon != std::string::npos, "--rows '", spec, "': expected BEGIN:END, e.g. 0:16 or 100:");
+  auto number = [&](const std::string& x, int64_t dflt) -> int64_t {
+    if (x.empty()) return dflt;
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(x, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == x.size() && used > 0, "--rows '", spec, "': '", x, "' is not a whole number");
+    return v;
+  };
+  const int64_t b = number(spec.substr(0, colon), 0), e = number(spec.substr(colon + 1), n);
+  check(0 <= b && b <= e && e <= n, "--rows ", spec, ": expected 0 <= BEGIN <= END <= Tq = ", n);
+  return {b, e};
+}
 
 // Reads a float array, converting float64 (NumPy's default) to float32.
 Tensor read_float(const std::string& path) {
@@ -89,7 +113,7 @@ int run_attend(const AttendOptions& o) {
   const bool any_input = !o.q.empty() || !o.k.empty() || !o.v.empty();
   if (!any_input) {
     const bool extras = !o.mask.empty() || !o.bool_mask.empty() || !o.key_lengths.empty() || !o.out.empty() ||
-                        !o.weights.empty() || !o.lse.empty() || !o.dout.empty() || !o.causal.empty() ||
+                        !o.weights.empty() || !o.rows.empty() || !o.lse.empty() || !o.dout.empty() || !o.causal.empty() ||
                         o.window != 0 || o.alibi || o.scale;
     check(!extras, "these options need input arrays: give --q, --k and --v (or no options at all for the worked example)");
     return worked_example(o);
@@ -124,7 +148,11 @@ int run_attend(const AttendOptions& o) {
   AttentionOutput r = attention(q, k, v, spec);
   // Compute everything before writing anything, so a failure leaves no partial set of outputs.
   std::optional<Tensor> weights;
-  if (!o.weights.empty()) weights = attention_weights(q, k, r.lse, spec, 0, q.size(-2));
+  check(o.rows.empty() || !o.weights.empty(), "--rows selects rows of --weights: give --weights too");
+  if (!o.weights.empty()) {
+    const auto [b, e] = parse_rows(o.rows, q.size(-2));
+    weights = attention_weights(q, k, r.lse, spec, b, e);
+  }
   std::optional<AttentionGrads> g;
   if (want_grads) {
     Tensor dout = read_float(o.dout);
@@ -164,6 +192,7 @@ Runner add_attend(CLI::App& app) {
       ->check(CLI::IsMember({"flash", "reference"}));
   c->add_option("--out", o->out, "Write the output Z here (.npy)");
   c->add_option("--weights", o->weights, "Also write the attention weights (.., Tq, Tk), recomputed from lse");
+  c->add_option("--rows", o->rows, "Only these query rows of --weights, as BEGIN:END (e.g. 0:16)");
   c->add_option("--lse", o->lse, "Also write the log-sum-exp of each query row (.., Tq)");
   c->add_option("--dout", o->dout, "Gradient of the loss w.r.t. Z (.npy): enables --dq/--dk/--dv");
   c->add_option("--dq", o->dq, "Write dL/dQ here");
