@@ -51,7 +51,8 @@ Tensor random_tensor(std::vector<int64_t> shape, std::mt19937& rng) {
   Tensor t(std::move(shape), DType::F32);
   std::normal_distribution<float> n(0.0f, 1.0f);
   float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = n(rng);
+  const int64_t count = t.numel();
+  for (int64_t i = 0; i < count; ++i) p[i] = n(rng);
   return t;
 }
 
