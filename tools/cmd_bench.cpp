@@ -105,21 +105,23 @@ int run_bench(const BenchOptions& o) {
     Tensor k = random_tensor({o.batch, o.heads, T, o.dim}, rng);
     Tensor v = random_tensor({o.batch, o.heads, T, o.dim}, rng);
     Tensor dout = random_tensor({o.batch, o.heads, T, o.dim}, rng);
-    for (bool causal : {false, true}) {
-      for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Reference}) {
-        if (impl == AttentionImpl::Reference && T > o.ref_max_t) continue;
-        for (bool backward : {false, true}) {
-          AttentionSpec spec;
-          spec.causal = causal;
-          spec.impl = impl;
-          const bool ref = impl == AttentionImpl::Reference;
-          // Best of at least --reps runs and, for flash, of at least --min-time seconds of runs
-          // (this shared 2-core machine is noisy); the reference is slow and steady: one run.
-          const int reps = ref ? 1 : o.reps;
-          double best = 1e30;
-          int64_t peak_kb = 0;
-          const double start = now_s();
-          for (int r = 0; r < reps || (!ref && now_s() - start < o.min_time && r < 1000); ++r) {
+    for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Reference}) {
+      if (impl == AttentionImpl::Reference && T > o.ref_max_t) continue;
+      const bool ref = impl == AttentionImpl::Reference;
+      for (bool backward : {false, true}) {
+        // The causal and non-causal runs alternate, so that both see the same machine (this
+        // shared 2-core machine drifts by tens of percent): best of at least --reps rounds
+        // and, for flash, of at least --min-time seconds of rounds. The reference is slow
+        // and steady: one round.
+        const int reps = ref ? 1 : o.reps;
+        double best[2] = {1e30, 1e30};
+        int64_t peak_kb[2] = {0, 0};
+        const double start = now_s();
+        for (int r = 0; r < reps || (!ref && now_s() - start < 2 * o.min_time && r < 1000); ++r) {
+          for (int causal = 0; causal < 2; ++causal) {
+            AttentionSpec spec;
+            spec.causal = causal == 1;
+            spec.impl = impl;
             reset_peak();
             const int64_t base = proc_status_kb("VmRSS");
             const double t0 = now_s();
@@ -127,13 +129,15 @@ int run_bench(const BenchOptions& o) {
             if (backward) {
               AttentionGrads g = attention_backward(q, k, v, out.out, out.lse, dout, spec);
             }
-            best = std::min(best, now_s() - t0);
-            peak_kb = std::max(peak_kb, proc_status_kb("VmHWM") - base);
+            best[causal] = std::min(best[causal], now_s() - t0);
+            peak_kb[causal] = std::max(peak_kb[causal], proc_status_kb("VmHWM") - base);
           }
+        }
+        for (int causal = 0; causal < 2; ++causal) {
           double flops = 4.0 * T * T * o.dim * o.heads * o.batch * (causal ? 0.5 : 1.0);
           if (backward) flops *= 3.5;
-          Row row{ref ? "reference" : "flash", backward ? "fwd+bwd" : "fwd", T, causal, best, flops / best / 1e9,
-                  peak_kb / 1024.0};
+          Row row{ref ? "reference" : "flash", backward ? "fwd+bwd" : "fwd", T, causal == 1, best[causal],
+                  flops / best[causal] / 1e9, peak_kb[causal] / 1024.0};
           rows.push_back(row);
           if (!o.json) {
             std::printf("%-9s %-8s %6lld %-7s %10.4f %9.1f %7.1f%% %11.1f\n", row.impl.c_str(), row.pass.c_str(),
