@@ -572,6 +572,7 @@ def bad_input_cases(runner):
         ("key-length-over-tk", dict(extra=["--key-lengths", runner.save("kl", np.array([6, 7], np.int32))])),
         ("bool-mask-wrong-dtype", dict(extra=["--bool-mask", runner.save("bm", np.ones((5, 6), np.float32))])),
         ("mask-not-broadcastable", dict(extra=["--mask", runner.save("m", np.zeros((4, 6), np.float32))])),
+        ("output-dir-missing", dict(extra=["--lse", os.path.join(runner.tmp, "no_such_dir", "lse.npy")])),
     ]
     results = []
     for name, o in bad:

@@ -1,6 +1,8 @@
 // qkv attend: the chapter's worked example, or attention on .npy files.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -145,6 +147,15 @@ int run_attend(const AttendOptions& o) {
           l.describe());
     spec.key_lengths = l;
   }
+  // Every output's directory must exist before any work is done or any file is written.
+  for (const std::string* path : {&o.out, &o.lse, &o.weights, &o.dq, &o.dk, &o.dv}) {
+    if (path->empty()) continue;
+    const std::filesystem::path dir = std::filesystem::absolute(*path).parent_path();
+    std::error_code ec;
+    check(std::filesystem::is_directory(dir, ec), *path, ": cannot write here, directory ", dir.string(),
+          " does not exist");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   AttentionOutput r = attention(q, k, v, spec);
   // Compute everything before writing anything, so a failure leaves no partial set of outputs.
   std::optional<Tensor> weights;
@@ -166,6 +177,9 @@ int run_attend(const AttendOptions& o) {
     if (!o.dk.empty()) write_npy(o.dk, g->dk);
     if (!o.dv.empty()) write_npy(o.dv, g->dv);
   }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "wrote " << o.out << " " << r.out.describe() << " (" << o.impl << ", " << (want_grads ? "forward+backward" : "forward")
+            << ", " << fmt(ms, 1) << " ms)\n";
   return 0;
 }
 
