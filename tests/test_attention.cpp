@@ -242,6 +242,31 @@ TEST(FlashVsOracle, RandomSweep) {
   }
 }
 
+// The backward pass runs in one pass when there are at least two (b, kv-head) tasks per
+// thread, else in two. Both must give the same bits, so results never depend on the thread
+// count: B * Hkv = 3 is one pass on 1 thread and two passes on 2.
+TEST(Determinism, OnePassAndTwoPassBackwardAgreeBitwise) {
+  std::mt19937 rng(123);
+  for (int mask_kind = 0; mask_kind < kMaskKinds; ++mask_kind) {
+    const int64_t B = 3, H = 4, Hkv = 1, Tq = 150, Tk = 230, Dk = 40, Dv = 24;
+    AttentionSpec spec;
+    const std::string mname = apply_mask(mask_kind, spec, B, H, Tq, Tk, rng);
+    SCOPED_TRACE(mname);
+    Tensor q = randn({B, H, Tq, Dk}, rng), k = randn({B, Hkv, Tk, Dk}, rng), v = randn({B, Hkv, Tk, Dv}, rng);
+    Tensor dout = randn({B, H, Tq, Dv}, rng);
+    AttentionGrads g[2];
+    for (int threads : {1, 2}) {
+      AttentionSpec fs = spec;
+      fs.threads = threads;
+      const AttentionOutput fo = attention(q, k, v, fs);
+      g[threads - 1] = attention_backward(q, k, v, fo.out, fo.lse, dout, fs);
+    }
+    EXPECT_TRUE(bitwise_equal(g[0].dq, g[1].dq));
+    EXPECT_TRUE(bitwise_equal(g[0].dk, g[1].dk));
+    EXPECT_TRUE(bitwise_equal(g[0].dv, g[1].dv));
+  }
+}
+
 // The reference itself against central finite differences, in double, on small shapes.
 TEST(Reference, GradientsMatchFiniteDifferences) {
   std::mt19937 rng(7);

@@ -7,8 +7,7 @@
 // Inputs are packed once per call into a workspace (transposed / padded copies of Q, K, V,
 // dO: O(T*D) memory), which also makes arbitrary input strides free. Results are bitwise
 // identical for any thread count: every output element is produced by one task in a fixed
-// order (backward computes dK, dV per key block and dQ per query block in two passes, so no
-// atomics or reductions across threads are needed).
+// order (no atomics or reductions across threads; see flash_backward for its two strategies).
 #pragma once
 #include <cstddef>
 

@@ -100,8 +100,13 @@ struct Layout {
   // contiguous last dimension). Backward packs everything.
   bool pack_q_rows = false, pack_v_rows = false;
   bool track_vbad = false;  // forward: count non-finite V rows (see pack_forward)
+  // Backward in one pass, one task per (b, kv-head), when there are enough of those tasks to
+  // keep every thread busy; else two passes (see flash_backward). Both give the same bits.
+  bool one_pass = false;
+  bool backward = false;
+  size_t t_dk = 0, t_dv = 0, t_dqt = 0;
 
-  Layout(const AttnShape& s, int threads, bool backward) {
+  Layout(const AttnShape& s, int threads, bool for_backward) : backward(for_backward) {
     Dk_pad = round_up(std::max<int64_t>(s.Dk, 1), W);
     Dv_pad = round_up(std::max<int64_t>(s.Dv, 1), W);
     Tq_pad = round_up(std::max<int64_t>(s.Tq, 1), W);
@@ -115,6 +120,7 @@ struct Layout {
       at += round_up(static_cast<int64_t>(floats * sizeof(float)), 64);
       return off;
     };
+    one_pass = backward && s.B * s.Hkv >= 2 * static_cast<int64_t>(std::max(threads, 1));
     pack_q_rows = backward;
     pack_v_rows = backward || s.Dv % W != 0;
     if (pack_q_rows) qs_rows = take(BH * s.Tq * Dk_pad);
@@ -125,7 +131,7 @@ struct Layout {
     if (backward) {
       qs_t = take(BH * Dk_pad * Tq_pad);
       k_rows = take(BHkv * s.Tk * Dk_pad);
-      v_t = take(BHkv * Dv_pad * Tk_pad);
+      if (!one_pass) v_t = take(BHkv * Dv_pad * Tk_pad);
       do_rows = take(BH * s.Tq * Dv_pad);
       do_t = take(BH * Dv_pad * Tq_pad);
       drow = take(BH * Tq_pad);
@@ -152,6 +158,11 @@ struct Layout {
       t_dp = take_t(Bq * Bk);
       t_acc = take_t(Bk * std::max(Dk_pad, Dv_pad));
       t_acc2 = take_t(Bk * Dv_pad);
+      if (one_pass) {  // a whole head's dK, dV, and a query block's dQ^T
+        t_dk = take_t(std::max<int64_t>(s.Tk, 1) * Dk_pad);
+        t_dv = take_t(std::max<int64_t>(s.Tk, 1) * Dv_pad);
+        t_dqt = take_t(Dk_pad * Bq);
+      }
     }
     thread_stride = t * sizeof(float);
     total = thread_base + thread_stride * static_cast<size_t>(std::max(threads, 1));
@@ -284,8 +295,9 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
     const int64_t kl = key_limit(s, in.m, b);  // keys past a row's length are never read
     const float* k = in.k + b * in.ks.b + hk * in.ks.h;
     const float* v = in.v + b * in.vs.b + hk * in.vs.h;
+    // Backward also multiplies K^T by dS^T (one pass): sanitise as for k_rows below.
     pack_transposed(k, in.ks.t, s.Tk, kl, s.Dk, L.Dk_pad, 1.0f, at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad,
-                    L.Tk_pad);
+                    L.Tk_pad, /*finite_only=*/L.backward);
     // Backward multiplies V by probabilities that are 0 for blocked keys: a non-finite V row
     // must not turn those zeros into NaN (an allowed one still poisons its rows through D).
     if (L.pack_v_rows)
@@ -418,6 +430,46 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
       row_plain(in, b, h, i0 + r, tws + L.t_row, out + (bh * s.Tq + i0 + r) * s.Dv, lse + bh * s.Tq + i0 + r);
 }
 
+// The packed operands of the backward pass.
+struct BackwardBuffers {
+  const float *qs_rows, *qs_t, *k_rows, *k_t, *v_rows, *v_t, *do_rows, *do_t, *drow, *lse_eff;
+};
+
+// One tile of backward in transposed form: keys k0 .. k0+nk of (b, kv-head bk) against query
+// block qb of head h. Adds the tile's contributions to dKacc (nk, Dk_pad) and dVacc (nk, Dv_pad)
+// and leaves dS^T (nk, Bq) in St.
+void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const BackwardBuffers& bb, int64_t b, int64_t h,
+                     int64_t bk, int64_t k0, int64_t nk, int64_t qb, float* St, float* dPt, float* dKacc,
+                     float* dVacc) {
+  const AttnShape& s = in.s;
+  const int64_t bh = b * s.H + h;
+  const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0), mqp = round_up(mq, W);
+  const float* kr = bb.k_rows + (bk * s.Tk + k0) * L.Dk_pad;
+  const float* vr = bb.v_rows + (bk * s.Tk + k0) * L.Dv_pad;
+  KeyRange range[Bq];
+  int64_t lo_, hi_;
+  query_ranges(in, b, i0, mq, range, &lo_, &hi_);
+  // S^T <- K Qs^T
+  gemm(nk, mqp, s.Dk, kr, L.Dk_pad, bb.qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
+  mask_tile_t(in, b, h, i0, mq, k0, nk, range, St, Bq);
+  // P^T <- exp(S^T - lse)
+  const float* le = bb.lse_eff + bh * L.Tq_pad + i0;
+  for (int64_t c = 0; c < nk; ++c)
+    for (int64_t r = 0; r < mqp; r += W)
+      simd::store(St + c * Bq + r, simd::exp(simd::load(St + c * Bq + r) - simd::load(le + r)));
+  // dV <- dV + P^T dO
+  gemm(nk, L.Dv_pad, mq, St, Bq, bb.do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
+  // dP^T <- V dO^T
+  gemm(nk, mqp, s.Dv, vr, L.Dv_pad, bb.do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
+  // dS^T <- P^T * (dP^T - D)
+  const float* Dr = bb.drow + bh * L.Tq_pad + i0;
+  for (int64_t c = 0; c < nk; ++c)
+    for (int64_t r = 0; r < mqp; r += W)
+      simd::store(St + c * Bq + r, simd::load(St + c * Bq + r) * (simd::load(dPt + c * Bq + r) - simd::load(Dr + r)));
+  // dK <- dK + dS^T Qs    (Qs carries the scale)
+  gemm(nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
+}
+
 }  // namespace
 
 size_t flash_forward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, false).total; }
@@ -441,8 +493,13 @@ void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward. Pass 1: per (b, kv-head, key block), dK and dV over every query block of every head
-// that shares the kv-head. Pass 2: per (b, head, query block), dQ over its keys.
+// Backward. With at least two (b, kv-head) tasks per thread: one pass, one task per (b, kv-head)
+// that visits each tile once (5 tile GEMMs, 1 exponential). Otherwise two passes that keep every
+// thread busy however few heads there are: pass 1 per (b, kv-head, key block), dK and dV over
+// every query block of every head that shares the kv-head; pass 2 per (b, head, query block),
+// dQ over its keys (7 tile GEMMs, 2 exponentials). No output element is ever written by two
+// threads, and both strategies add the same products in the same order, so the result does
+// not depend on the thread count.
 
 size_t flash_backward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, true).total; }
 
@@ -470,6 +527,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
   float* lse_eff = at<float>(ws, L.lse_eff);
   int64_t* qrange = at<int64_t>(ws, L.qrange);
   const float scale = static_cast<float>(in.scale);
+  const BackwardBuffers bb{qs_rows, qs_t, k_rows, k_t, v_rows, v_t, do_rows, do_t, drow, lse_eff};
 
 #pragma omp parallel num_threads(threads)
   {
@@ -500,8 +558,9 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       const int64_t kl = key_limit(s, in.m, b);
       pack_rows(in.k + b * in.ks.b + hk * in.ks.h, in.ks.t, s.Tk, kl, s.Dk, 1.0f, k_rows + bk * s.Tk * L.Dk_pad,
                 L.Dk_pad, /*finite_only=*/true);
-      pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, s.Tk, kl, s.Dv, L.Dv_pad, 1.0f,
-                      v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad, /*finite_only=*/true);
+      if (!L.one_pass)
+        pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, s.Tk, kl, s.Dv, L.Dv_pad, 1.0f,
+                        v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad, /*finite_only=*/true);
     }
 #pragma omp for schedule(static)
     for (int64_t bq = 0; bq < s.B * L.nqb; ++bq) {
@@ -511,49 +570,59 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
     }
 
     float* tws = at<float>(ws, L.thread_base + L.thread_stride * omp_get_thread_num());
+    float* St = tws + L.t_s;    // (Bk, Bq) scores^T, then P^T, then dS^T
+    float* dPt = tws + L.t_dp;  // (Bk, Bq)
+    if (L.one_pass) {
+      // ---- one pass per (b, kv-head): every tile once; dK, dV for the whole head and dQ^T
+      // for one query block at a time. The same tiles, in the same order per output element,
+      // as the two passes below: the same bits.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t bk = 0; bk < BHkv; ++bk) {
+        const int64_t b = bk / s.Hkv, hk = bk % s.Hkv;
+        float* dKall = tws + L.t_dk;  // (Tk, Dk_pad)
+        float* dVall = tws + L.t_dv;  // (Tk, Dv_pad)
+        float* dQt = tws + L.t_dqt;   // (Dk_pad, Bq)
+        std::fill(dKall, dKall + s.Tk * L.Dk_pad, 0.0f);
+        std::fill(dVall, dVall + s.Tk * L.Dv_pad, 0.0f);
+        for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          const int64_t bh = b * s.H + h;
+          for (int64_t qb = 0; qb < L.nqb; ++qb) {
+            const int64_t qlo = qrange[2 * (b * L.nqb + qb)], qhi = qrange[2 * (b * L.nqb + qb) + 1];
+            if (qhi <= qlo) continue;
+            const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0), mqp = round_up(mq, W);
+            std::fill(dQt, dQt + L.Dk_pad * Bq, 0.0f);
+            for (int64_t k0 = qlo / Bk * Bk; k0 < qhi; k0 += Bk) {
+              const int64_t nk = std::min(Bk, s.Tk - k0);
+              backward_tile_t(in, L, bb, b, h, bk, k0, nk, qb, St, dPt, dKall + k0 * L.Dk_pad, dVall + k0 * L.Dv_pad);
+              // dQ^T <- dQ^T + K^T dS^T
+              gemm(s.Dk, mqp, nk, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, St, Bq, dQt, Bq, true);
+            }
+            // dq <- scale * dQ
+            for (int64_t r = 0; r < mq; ++r)
+              for (int64_t d = 0; d < s.Dk; ++d) dq[(bh * s.Tq + i0 + r) * s.Dk + d] = dQt[d * Bq + r] * scale;
+          }
+        }
+        for (int64_t j = 0; j < s.Tk; ++j) {
+          std::memcpy(dk + (bk * s.Tk + j) * s.Dk, dKall + j * L.Dk_pad, s.Dk * sizeof(float));
+          std::memcpy(dv + (bk * s.Tk + j) * s.Dv, dVall + j * L.Dv_pad, s.Dv * sizeof(float));
+        }
+      }
+    } else {
     // ---- pass 1: dK, dV
 #pragma omp for schedule(dynamic, 1)
     for (int64_t it = 0; it < BHkv * L.nkb; ++it) {
       const int64_t bk = it / L.nkb, b = bk / s.Hkv, hk = bk % s.Hkv;
       const int64_t k0 = (it % L.nkb) * Bk, nk = std::min(Bk, s.Tk - k0);
       if (k0 >= key_limit(s, in.m, b)) continue;  // padding keys: zero gradient
-      float* St = tws + L.t_s;      // (Bk, Bq) scores^T, then P^T, then dS^T
-      float* dPt = tws + L.t_dp;    // (Bk, Bq)
-      float* dKacc = tws + L.t_acc; // (Bk, Dk_pad)
-      float* dVacc = tws + L.t_acc2;// (Bk, Dv_pad)
+      float* dKacc = tws + L.t_acc;  // (Bk, Dk_pad)
+      float* dVacc = tws + L.t_acc2; // (Bk, Dv_pad)
       std::fill(dKacc, dKacc + nk * L.Dk_pad, 0.0f);
       std::fill(dVacc, dVacc + nk * L.Dv_pad, 0.0f);
-      const float* kr = k_rows + (bk * s.Tk + k0) * L.Dk_pad;
-      const float* vr = v_rows + (bk * s.Tk + k0) * L.Dv_pad;
       for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-        const int64_t bh = b * s.H + h;
         for (int64_t qb = 0; qb < L.nqb; ++qb) {
           const int64_t qlo = qrange[2 * (b * L.nqb + qb)], qhi = qrange[2 * (b * L.nqb + qb) + 1];
           if (qhi <= k0 || qlo >= k0 + nk) continue;
-          const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0), mqp = round_up(mq, W);
-          KeyRange range[Bq];
-          int64_t lo_, hi_;
-          query_ranges(in, b, i0, mq, range, &lo_, &hi_);
-          // S^T <- K Qs^T
-          gemm(nk, mqp, s.Dk, kr, L.Dk_pad, qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
-          mask_tile_t(in, b, h, i0, mq, k0, nk, range, St, Bq);
-          // P^T <- exp(S^T - lse)
-          const float* le = lse_eff + bh * L.Tq_pad + i0;
-          for (int64_t c = 0; c < nk; ++c)
-            for (int64_t r = 0; r < mqp; r += W)
-              simd::store(St + c * Bq + r, simd::exp(simd::load(St + c * Bq + r) - simd::load(le + r)));
-          // dV <- dV + P^T dO
-          gemm(nk, L.Dv_pad, mq, St, Bq, do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
-          // dP^T <- V dO^T
-          gemm(nk, mqp, s.Dv, vr, L.Dv_pad, do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
-          // dS^T <- P^T * (dP^T - D)
-          const float* Dr = drow + bh * L.Tq_pad + i0;
-          for (int64_t c = 0; c < nk; ++c)
-            for (int64_t r = 0; r < mqp; r += W)
-              simd::store(St + c * Bq + r,
-                          simd::load(St + c * Bq + r) * (simd::load(dPt + c * Bq + r) - simd::load(Dr + r)));
-          // dK <- dK + dS^T Qs    (Qs carries the scale)
-          gemm(nk, L.Dk_pad, mq, St, Bq, qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
+          backward_tile_t(in, L, bb, b, h, bk, k0, nk, qb, St, dPt, dKacc, dVacc);
         }
       }
       for (int64_t c = 0; c < nk; ++c) {
@@ -599,6 +668,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       for (int64_t r = 0; r < mq; ++r)
         for (int64_t d = 0; d < s.Dk; ++d) dq[(bh * s.Tq + i0 + r) * s.Dk + d] = dQacc[r * L.Dk_pad + d] * scale;
     }
+    }  // two passes
   }
 }
 
