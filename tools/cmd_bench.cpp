@@ -1,6 +1,7 @@
 // qkv bench attention: time, GFLOP/s and peak extra memory of the flash and reference
 // attention, against this machine's own ceiling (one large SGEMM measured in the same run).
 #include <malloc.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -70,6 +71,47 @@ double gemm_ceiling(int64_t n, int reps) {
   return 2.0 * n * n * n / best / 1e9;
 }
 
+// A progress line on stderr (only when it is a terminal): elapsed time and an ETA over the
+// cases left. A flash case takes about max(2 * min_time, reps * FLOPs / rate); a reference case
+// FLOPs / rate; the rates are those measured so far (the reference is ~20x slower).
+class Progress {
+ public:
+  struct Case {
+    bool ref;
+    double flops;  // one causal + one non-causal run
+  };
+  Progress(std::vector<Case> cases, int reps, double min_time)
+      : cases_(std::move(cases)), reps_(reps), min_time_(min_time), enabled_(isatty(fileno(stderr)) != 0),
+        start_(now_s()) {}
+  void clear() const {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+  }
+  // The next case finished after `seconds` (`runs` rounds).
+  void done(double seconds, int runs) {
+    const Case& c = cases_[next_++];
+    (c.ref ? ref_flops_ : flash_flops_) += c.flops * runs;
+    (c.ref ? ref_s_ : flash_s_) += seconds;
+    if (!enabled_ || next_ >= cases_.size()) return;
+    const double flash_rate = flash_s_ > 0 ? flash_flops_ / flash_s_ : 50e9;
+    const double ref_rate = ref_s_ > 0 ? ref_flops_ / ref_s_ : flash_rate / 20;
+    double eta = 0;
+    for (size_t i = next_; i < cases_.size(); ++i)
+      eta += cases_[i].ref ? cases_[i].flops / ref_rate
+                           : std::max(2 * min_time_, reps_ * cases_[i].flops / flash_rate);
+    std::fprintf(stderr, "\r\033[K[case %zu/%zu, %.0f s elapsed, about %.0f s left]", next_ + 1, cases_.size(),
+                 now_s() - start_, eta);
+    std::fflush(stderr);
+  }
+
+ private:
+  std::vector<Case> cases_;
+  size_t next_ = 0;
+  int reps_;
+  double min_time_;
+  bool enabled_;
+  double start_, flash_flops_ = 0, ref_flops_ = 0, flash_s_ = 0, ref_s_ = 0;
+};
+
 struct Row {
   std::string impl, pass;
   int64_t T;
@@ -99,6 +141,15 @@ int run_bench(const BenchOptions& o) {
                 "%ceiling", "peak MiB");
     std::fflush(stdout);
   }
+  auto case_flops = [&](int64_t T, bool backward) {  // causal (half) + non-causal
+    return 4.0 * T * T * o.dim * o.heads * o.batch * 1.5 * (backward ? 3.5 : 1.0);
+  };
+  std::vector<Progress::Case> plan;
+  for (int64_t T : o.seq)
+    for (bool ref : {false, true})
+      for (bool backward : {false, true})
+        if (!ref || T <= o.ref_max_t) plan.push_back({ref, case_flops(T, backward)});
+  Progress progress(plan, o.reps, o.min_time);
   std::mt19937 rng(42);
   for (int64_t T : o.seq) {
     Tensor q = random_tensor({o.batch, o.heads, T, o.dim}, rng);
@@ -117,6 +168,7 @@ int run_bench(const BenchOptions& o) {
         double best[2] = {1e30, 1e30};
         int64_t peak_kb[2] = {0, 0};
         const double start = now_s();
+        int rounds = 0;
         for (int r = 0; r < reps || (!ref && now_s() - start < 2 * o.min_time && r < 1000); ++r) {
           for (int causal = 0; causal < 2; ++causal) {
             AttentionSpec spec;
@@ -132,7 +184,9 @@ int run_bench(const BenchOptions& o) {
             best[causal] = std::min(best[causal], now_s() - t0);
             peak_kb[causal] = std::max(peak_kb[causal], proc_status_kb("VmHWM") - base);
           }
+          ++rounds;
         }
+        progress.clear();
         for (int causal = 0; causal < 2; ++causal) {
           double flops = 4.0 * T * T * o.dim * o.heads * o.batch * (causal ? 0.5 : 1.0);
           if (backward) flops *= 3.5;
@@ -146,9 +200,11 @@ int run_bench(const BenchOptions& o) {
             std::fflush(stdout);
           }
         }
+        progress.done(now_s() - start, rounds);
       }
     }
   }
+  progress.clear();
   if (o.json) {
     nlohmann::json j;
     j["cpu"] = cpu_description();
