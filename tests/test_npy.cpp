@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "error_testing.h"
 #include "qkv/npy.h"
 
 namespace {
@@ -79,17 +80,7 @@ int run_python(const TempDir& dir, const std::string& script) {
   return rc;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const qkv::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("unexpected exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using qkv::testing::error_of;
 
 // Expects a qkv::Error whose message starts with `prefix` and contains every one of `parts`.
 void expect_error(const std::string& msg, const std::string& prefix, std::initializer_list<const char*> parts,

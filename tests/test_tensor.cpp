@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "error_testing.h"
 #include "qkv/tensor.h"
 
 namespace {
@@ -15,18 +16,7 @@ namespace {
 using qkv::DType;
 using qkv::Tensor;
 
-// Runs `f`, expects a qkv::Error, and returns its message.
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const qkv::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("unexpected exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using qkv::testing::error_of;
 
 #define EXPECT_QKV_ERROR(expr, ...)                                                                                 \
   do {                                                                                                              \
