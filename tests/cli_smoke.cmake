@@ -46,6 +46,9 @@ if(NOT rc EQUAL 2)
 endif()
 expect_contains("${err}" "QKV_NUM_THREADS" "QKV_NUM_THREADS=lots")
 
+run_qkv(0 out err bench attention --threads 1 --seq 64 --ref-max-t 0 --reps 1 --min-time 0 --gemm-n 64)
+expect_contains("${out}" "1 threads" "--threads after the subcommand")
+
 run_qkv(0 out err --help)
 expect_contains("${out}" "attend" "qkv --help")
 run_qkv(0 out err attend --help)

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   reexec_if_blas_fell_back(argv);
   CLI::App app{"qkv: the transformer, from the attention formula up, on the CPU"};
   app.require_subcommand(1);
+  app.fallthrough();  // --threads also after the subcommand: qkv attend --threads 1
   int threads = 0;
   app.add_option("--threads", threads, "Threads for every kernel (default: QKV_NUM_THREADS, else all cores)")
       ->check(CLI::Range(0, 4096));
