@@ -204,14 +204,25 @@ void pack_transposed(const float* src, int64_t src_ld, int64_t rows, int64_t val
   // zero only what the transpose below does not write: padding columns and padding rows
   for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + valid_rows, dst + (c + 1) * ld, 0.0f);
   std::fill(dst + cols * ld, dst + cols_pad * ld, 0.0f);
-  constexpr int64_t kB = 16;  // transpose in small squares for locality
-  for (int64_t r0 = 0; r0 < valid_rows; r0 += kB)
-    for (int64_t c0 = 0; c0 < cols; c0 += kB)
-      for (int64_t r = r0; r < std::min(r0 + kB, valid_rows); ++r)
-        for (int64_t c = c0; c < std::min(c0 + kB, cols); ++c) {
-          const float x = src[r * src_ld + c] * scale;
-          dst[c * ld + r] = finite_only && !std::isfinite(x) ? 0.0f : x;
-        }
+  // W source rows at a time: gather column c of those rows into one vector, store it as a
+  // contiguous run of row c of dst (W read streams, whole-vector writes).
+  const vf vscale = simd::set1(scale);
+  int64_t r0 = 0;
+  for (; r0 + W <= valid_rows; r0 += W) {
+    const float* sp = src + r0 * src_ld;
+    for (int64_t c = 0; c < cols; ++c) {
+      vf x;
+      for (int i = 0; i < W; ++i) x[i] = sp[i * src_ld + c];
+      x = x * vscale;
+      if (finite_only) x = x - x == vf{} ? x : vf{};  // x - x is 0 exactly when x is finite
+      simd::store(dst + c * ld + r0, x);
+    }
+  }
+  for (int64_t r = r0; r < valid_rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const float x = src[r * src_ld + c] * scale;
+      dst[c * ld + r] = finite_only && !std::isfinite(x) ? 0.0f : x;
+    }
   (void)rows;
 }
 
