@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -121,10 +122,6 @@ struct Row {
 
 int run_bench(const BenchOptions& o) {
   check(o.what == "attention", "bench: unknown benchmark '", o.what, "' (available: attention)");
-  // Large blocks straight from and back to the OS, so the resident-memory peak measures what
-  // each run allocates (glibc would otherwise recycle freed blocks, hiding them).
-  mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 128 * 1024);
   const int threads = num_threads();
   const BlasInfo blas = blas_info();
   const double ceiling = gemm_ceiling(o.gemm_n, o.reps);
@@ -161,31 +158,52 @@ int run_bench(const BenchOptions& o) {
       const bool ref = impl == AttentionImpl::Reference;
       for (bool backward : {false, true}) {
         // The causal and non-causal runs alternate, so that both see the same machine (this
-        // shared 2-core machine drifts by tens of percent): best of at least --reps rounds
-        // and, for flash, of at least --min-time seconds of rounds. The reference is slow
-        // and steady: one round.
-        const int reps = ref ? 1 : o.reps;
+        // shared 2-core machine drifts by tens of percent): flash takes the best of at least
+        // --reps rounds and at least --min-time seconds of rounds.
+        const int reps = o.reps;
         double best[2] = {1e30, 1e30};
         int64_t peak_kb[2] = {0, 0};
         const double start = now_s();
         int rounds = 0;
-        for (int r = 0; r < reps || (!ref && now_s() - start < 2 * o.min_time && r < 1000); ++r) {
+        auto run = [&](int causal) {
+          AttentionSpec spec;
+          spec.causal = causal == 1;
+          spec.impl = impl;
+          AttentionOutput out = attention(q, k, v, spec);
+          if (backward) {
+            AttentionGrads g = attention_backward(q, k, v, out.out, out.lse, dout, spec);
+          }
+        };
+        // Memory: runs with every block over 64 KiB straight from and back to the OS, so the
+        // resident peak counts what the call allocates (recycled blocks would hide it); the
+        // smaller of two rounds, so one-time growth (thread arenas) is not charged to a case.
+        mallopt(M_MMAP_THRESHOLD, 64 * 1024);
+        mallopt(M_TRIM_THRESHOLD, 128 * 1024);
+        malloc_trim(0);
+        peak_kb[0] = peak_kb[1] = INT64_MAX;
+        for (int round = 0; round < (ref ? 1 : 2); ++round)
           for (int causal = 0; causal < 2; ++causal) {
-            AttentionSpec spec;
-            spec.causal = causal == 1;
-            spec.impl = impl;
             reset_peak();
             const int64_t base = proc_status_kb("VmRSS");
             const double t0 = now_s();
-            AttentionOutput out = attention(q, k, v, spec);
-            if (backward) {
-              AttentionGrads g = attention_backward(q, k, v, out.out, out.lse, dout, spec);
-            }
+            run(causal);
+            if (ref) best[causal] = now_s() - t0;  // the reference is slow and steady: this one run
+            peak_kb[causal] = std::min(peak_kb[causal], proc_status_kb("VmHWM") - base);
+          }
+        if (ref) rounds = 1;
+        mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);
+        mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+        // Timing: glibc's default allocator, which reuses freed memory as a program in a loop
+        // would (blocks over 32 MiB still come fresh from the OS each call).
+        for (int r = 0; !ref && (r < reps || (now_s() - start < 2 * o.min_time && r < 1000)); ++r) {
+          for (int causal = 0; causal < 2; ++causal) {
+            const double t0 = now_s();
+            run(causal);
             best[causal] = std::min(best[causal], now_s() - t0);
-            peak_kb[causal] = std::max(peak_kb[causal], proc_status_kb("VmHWM") - base);
           }
           ++rounds;
         }
+
         progress.clear();
         for (int causal = 0; causal < 2; ++causal) {
           double flops = 4.0 * T * T * o.dim * o.heads * o.batch * (causal ? 0.5 : 1.0);
