@@ -1,0 +1,35 @@
+// Elementwise activations and SwiGLU, forward and backward side by side. Each element is
+// computed in double and rounded once to float, so results are within half an ulp or so of
+// the exact value and never overflow in an intermediate (x^3 in tanh-GELU, exp in sigmoid)
+// for any finite input. Results do not depend on the thread count.
+//
+// All pointers are contiguous arrays of n elements; outputs must not alias inputs. n == 0 is
+// allowed.
+#pragma once
+#include <cstdint>
+
+namespace qkv::kernels {
+
+enum class Activation {
+  ReLU,      // max(x, 0); derivative 0 at x = 0 (as PyTorch)
+  GeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))                       (PyTorch approximate='none')
+  GeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (PyTorch approximate='tanh')
+};
+
+// y <- f(x)
+// x, y: (n)
+void activation_forward(Activation a, const float* x, float* y, int64_t n, int threads);
+
+// dx <- dy * f'(x)   (dx overwritten)
+// x, dy, dx: (n)
+void activation_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n, int threads);
+
+// y <- silu(a) * b, silu(a) = a * sigmoid(a)
+// a, b, y: (n)
+void swiglu_forward(const float* a, const float* b, float* y, int64_t n, int threads);
+
+// da <- dy * b * silu'(a);  db <- dy * silu(a)   (both overwritten)
+// a, b, dy, da, db: (n)
+void swiglu_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n, int threads);
+
+}  // namespace qkv::kernels

@@ -1,0 +1,35 @@
+// adamw: one step of torch.optim.AdamW (decoupled weight decay, no amsgrad, no maximize),
+// element for element in the order of PyTorch 1.13's _single_tensor_adamw, and the global
+// gradient norm used for clipping by norm.
+#pragma once
+#include <cstdint>
+
+namespace qkv::kernels {
+
+struct AdamWParams {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+  int64_t step = 1;  // 1-based: the number of this step, counter already incremented (>= 1)
+};
+
+// The scalars (1 - lr wd, bias corrections, step size) are formed in double, as Python does,
+// then used in float:
+//   param <- param * (1 - lr wd)
+//   m     <- beta1 m + (1 - beta1) g
+//   v     <- beta2 v + (1 - beta2) g g
+//   denom <- sqrt(v) / sqrt(1 - beta2^step) + eps
+//   param <- param + (-lr / (1 - beta1^step)) m / denom
+// param, grad, m, v: (n); param, m, v updated in place (m, v start at zero before step 1).
+// Elementwise, so bitwise identical for any thread count.
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p, int threads);
+
+// sum over tensors k of sum_i grads[k][i]^2, accumulated in double. Each tensor is split into
+// chunks whose size depends only on its length; chunks and tensors are added in order, so the
+// result is bitwise identical for any thread count. The norm is sqrt of the result.
+// grads: (count) pointers, grads[k]: (sizes[k])   sizes: (count)
+double global_grad_norm_sq(const float* const* grads, const int64_t* sizes, int64_t count, int threads);
+
+}  // namespace qkv::kernels
