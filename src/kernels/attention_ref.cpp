@@ -146,12 +146,6 @@ void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk
   }
 }
 
-size_t attention_ref_scratch_bytes(const AttnShape& s, bool backward, int threads, size_t elem_size) {
-  const size_t per_thread = static_cast<size_t>(s.Tq * s.Tk) * (backward ? 2 : 1) + (backward ? s.Tq : 0);
-  const int64_t tasks = backward ? s.B * s.Hkv : s.B * s.H;
-  return per_thread * elem_size * static_cast<size_t>(std::max<int64_t>(1, std::min<int64_t>(threads, tasks)));
-}
-
 template void attention_ref_forward<float>(const AttnInputs<float>&, float*, float*, int);
 template void attention_ref_forward<double>(const AttnInputs<double>&, double*, double*, int);
 template void attention_ref_backward<float>(const AttnInputs<float>&, const float*, float*, float*, float*, int);

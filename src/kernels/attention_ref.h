@@ -17,7 +17,5 @@ void attention_ref_forward(const AttnInputs<T>& in, T* out, T* lse, int threads)
 template <class T>
 void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk, T* dv, int threads);
 
-// Bytes the reference allocates beyond its inputs and outputs (for benchmarks).
-size_t attention_ref_scratch_bytes(const AttnShape& s, bool backward, int threads, size_t elem_size);
 
 }  // namespace qkv::kernels

@@ -198,8 +198,8 @@ void pack_rows(const float* src, int64_t src_ld, int64_t rows, int64_t valid_row
   }
 }
 
-// dst (cols_pad, ld) <- (scale * src (rows, cols))^T, zero padding; rows >= valid_rows are zero.
-void pack_transposed(const float* src, int64_t src_ld, int64_t rows, int64_t valid_rows, int64_t cols,
+// dst (cols_pad, ld) <- (scale * src (valid_rows, cols))^T; everything else in dst is zero.
+void pack_transposed(const float* src, int64_t src_ld, int64_t valid_rows, int64_t cols,
                      int64_t cols_pad, float scale, float* dst, int64_t ld, bool finite_only = false) {
   // zero only what the transpose below does not write: padding columns and padding rows
   for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + valid_rows, dst + (c + 1) * ld, 0.0f);
@@ -223,7 +223,6 @@ void pack_transposed(const float* src, int64_t src_ld, int64_t rows, int64_t val
       const float x = src[r * src_ld + c] * scale;
       dst[c * ld + r] = finite_only && !std::isfinite(x) ? 0.0f : x;
     }
-  (void)rows;
 }
 
 // score <- score + bias, where a blocked pair (bias -inf) becomes -inf even if its score was
@@ -307,7 +306,7 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
     const float* k = in.k + b * in.ks.b + hk * in.ks.h;
     const float* v = in.v + b * in.vs.b + hk * in.vs.h;
     // Backward also multiplies K^T by dS^T (one pass): sanitise as for k_rows below.
-    pack_transposed(k, in.ks.t, s.Tk, kl, s.Dk, L.Dk_pad, 1.0f, at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad,
+    pack_transposed(k, in.ks.t, kl, s.Dk, L.Dk_pad, 1.0f, at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad,
                     L.Tk_pad, /*finite_only=*/L.backward);
     // Backward multiplies V by probabilities that are 0 for blocked keys: a non-finite V row
     // must not turn those zeros into NaN (an allowed one still poisons its rows through D).
@@ -549,9 +548,9 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       const float* q = in.q + b * in.qs.b + h * in.qs.h;
       const float* dO = dout + bh * s.Tq * s.Dv;
       const float* O = out + bh * s.Tq * s.Dv;
-      pack_transposed(q, in.qs.t, s.Tq, s.Tq, s.Dk, L.Dk_pad, scale, qs_t + bh * L.Dk_pad * L.Tq_pad, L.Tq_pad);
+      pack_transposed(q, in.qs.t, s.Tq, s.Dk, L.Dk_pad, scale, qs_t + bh * L.Dk_pad * L.Tq_pad, L.Tq_pad);
       pack_rows(dO, s.Dv, s.Tq, s.Tq, s.Dv, 1.0f, do_rows + bh * s.Tq * L.Dv_pad, L.Dv_pad);
-      pack_transposed(dO, s.Dv, s.Tq, s.Tq, s.Dv, L.Dv_pad, 1.0f, do_t + bh * L.Dv_pad * L.Tq_pad, L.Tq_pad);
+      pack_transposed(dO, s.Dv, s.Tq, s.Dv, L.Dv_pad, 1.0f, do_t + bh * L.Dv_pad * L.Tq_pad, L.Tq_pad);
       // D_i <- sum_d dO_id O_id ;  lse_eff <- lse, or +inf where no key is allowed / padding,
       // so that exp(s - lse_eff) is exactly 0 there.
       for (int64_t i = 0; i < L.Tq_pad; ++i) {
@@ -570,7 +569,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       pack_rows(in.k + b * in.ks.b + hk * in.ks.h, in.ks.t, s.Tk, kl, s.Dk, 1.0f, k_rows + bk * s.Tk * L.Dk_pad,
                 L.Dk_pad, /*finite_only=*/true);
       if (!L.one_pass)
-        pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, s.Tk, kl, s.Dv, L.Dv_pad, 1.0f,
+        pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, kl, s.Dv, L.Dv_pad, 1.0f,
                         v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad, /*finite_only=*/true);
     }
 #pragma omp for schedule(static)
