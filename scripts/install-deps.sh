@@ -8,7 +8,7 @@ PACKAGES=(
   libopenblas-openmp-dev      # GEMM (OpenMP build: shares qkv's thread pool)
   libgtest-dev                # tests
   libcli11-dev                # command line
-  nlohmann-json3-dev          # --json output
+  nlohmann-json3-dev          # config.json, safetensors headers, --json output
   python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
 )
 

@@ -1,9 +1,16 @@
 // qkv: the transformer in C++. Include this for the whole public API.
 #pragma once
 #include "qkv/attention.h"
+#include "qkv/autograd.h"
 #include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
+#include "qkv/model.h"
 #include "qkv/npy.h"
+#include "qkv/ops.h"
 #include "qkv/parallel.h"
+#include "qkv/rng.h"
+#include "qkv/safetensors.h"
+#include "qkv/schedule.h"
 #include "qkv/tensor.h"
+#include "qkv/train.h"

@@ -1,0 +1,53 @@
+// qkv/safetensors.h: Hugging Face .safetensors files.
+//
+// Layout: an 8-byte little-endian uint64 N, then N bytes of UTF-8 JSON (an object), then the data
+// section. Every key of the object except "__metadata__" names a tensor:
+//   "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
+// with [begin, end) a byte range relative to the start of the data section, holding the tensor
+// in C order, little-endian. "__metadata__", when present, is an object of string values.
+//
+// Reading accepts the dtypes F32, F64, I32, I64, BOOL, BF16 and F16. BF16 and F16 tensors are
+// converted to F32 (exactly: every half value is a float32 value), so a loaded tensor always
+// has one of the dtypes the library computes with. Writing accepts F32, F64, I32, I64 and BOOL.
+//
+// The file is never trusted. A qkv::Error naming the file (and the tensor, where there is one)
+// is thrown for: a file under 8 bytes; N of 0, over 100 MiB or past the end of the file; a
+// header that is not a JSON object, or that repeats a key in any object; an entry that is not an
+// object with exactly the fields dtype (a supported dtype string), shape (non-negative integers,
+// each at most 2^62) and data_offsets (two non-negative integers, begin <= end); a byte range
+// whose length differs from shape x dtype size (computed with overflow checks) or that leaves
+// the data section; ranges that, sorted by begin, leave a gap, overlap, or stop short of the
+// end of the file; "__metadata__" that is not an object of strings; an empty tensor name; and a
+// BOOL byte other than 0 or 1.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qkv/tensor.h"
+
+namespace qkv {
+
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;  // in the order of their data offsets
+  std::map<std::string, std::string> metadata;          // the "__metadata__" object
+  const Tensor* find(const std::string& name) const;    // nullptr if absent
+};
+
+// Reads each tensor's bytes from the file straight into its storage (no copy of the whole file).
+SafetensorsFile read_safetensors(const std::string& path);
+// The same from the bytes of a whole file; `name_for_errors` stands for the file in messages.
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& name_for_errors);
+
+// Writes atomically: a temporary file in the same directory, fsync, rename, so `path` never
+// holds a half-written file. Tensors are written in the order given, each as a contiguous copy;
+// the header is padded with spaces so the data section starts at a multiple of 8 bytes. Names
+// must be unique, non-empty and not "__metadata__"; dtypes F32, F64, I32, I64 or BOOL.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// The bytes write_safetensors would write.
+std::string to_safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                 const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace qkv

@@ -1,0 +1,73 @@
+// qkv/train.h: training a Model: AdamW with decoupled weight decay, learning-rate schedules,
+// clipping by global norm, gradient accumulation, skipping of non-finite steps, and exact
+// checkpoints.
+//
+// One Trainer::step() = forward + backward of each micro-batch (their mean loss), then one
+// AdamW update. With the same seed, data and thread count, every loss and every parameter is
+// bitwise identical from run to run, and resuming from a checkpoint continues exactly as if
+// training had never stopped.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "qkv/model.h"
+#include "qkv/rng.h"
+#include "qkv/schedule.h"
+
+namespace qkv {
+
+struct TrainConfig {
+  Schedule schedule;              // learning rate per step
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;     // applied to Parameter::decay parameters only (see decay_all)
+  bool decay_all = false;         // decay every parameter, as torch.optim.AdamW(model.parameters())
+  double clip_norm = 0.0;         // > 0: scale gradients so their global L2 norm is at most this
+  float label_smoothing = 0.0f;
+  uint64_t seed = 0;              // dropout masks and the data-order RNG
+};
+
+struct StepReport {
+  int64_t step = 0;         // 1-based number of this step
+  double loss = 0;          // mean over micro-batches of each one's mean token loss
+  double grad_norm = 0;     // global L2 norm before clipping
+  double lr = 0;
+  bool skipped = false;     // loss or gradient norm not finite: parameters and optimiser state untouched
+  int64_t tokens = 0;       // counted (non-ignored) targets
+};
+
+class Trainer {
+ public:
+  Trainer(Model& model, TrainConfig config);
+
+  // One optimiser step over these micro-batches (gradient accumulation: the gradient is the
+  // mean of the micro-batches' gradients). Throws on bad input; never on a non-finite loss.
+  StepReport step(const std::vector<Batch>& micro_batches);
+
+  int64_t steps_done() const { return step_; }      // steps attempted (the schedule's clock)
+  int64_t updates_done() const { return updates_; } // steps applied (AdamW's bias-correction count)
+  int64_t skipped_steps() const { return step_ - updates_; }
+  const TrainConfig& config() const { return config_; }
+  Rng& rng() { return rng_; }  // for data shuffling: saved in checkpoints
+
+  // A single safetensors file: parameters ("model.<name>"), AdamW moments ("adam_m.<name>",
+  // "adam_v.<name>"), and metadata (config, step counters, schedule, RNG state, `data_state`).
+  // Written atomically: temporary file, fsync, rename.
+  void save_checkpoint(const std::string& path, const std::string& data_state = "") const;
+  // Restores everything save_checkpoint wrote into this trainer and its model, and returns the
+  // data_state string. The model's config must equal the checkpoint's.
+  std::string load_checkpoint(const std::string& path);
+
+ private:
+  Model& model_;
+  TrainConfig config_;
+  std::vector<Tensor> m_, v_;
+  int64_t step_ = 0, updates_ = 0;
+  Rng rng_;
+};
+
+// The model config stored in a checkpoint (to build the Model before load_checkpoint).
+ModelConfig checkpoint_model_config(const std::string& path);
+
+}  // namespace qkv

@@ -1,0 +1,224 @@
+// ModelConfig: validation and config.json (strict: unknown keys and wrong types are errors).
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "qkv/error.h"
+#include "qkv/model.h"
+
+namespace qkv {
+namespace {
+
+using json = nlohmann::json;
+
+template <class E>
+struct Names {
+  E value;
+  const char* name;
+};
+
+constexpr Names<Arch> kArch[] = {{Arch::Decoder, "decoder"},
+                                 {Arch::EncoderDecoder, "encoder-decoder"},
+                                 {Arch::EncoderClassifier, "encoder-classifier"}};
+constexpr Names<Positional> kPos[] = {{Positional::Sinusoidal, "sinusoidal"},
+                                      {Positional::Learned, "learned"},
+                                      {Positional::Rope, "rope"},
+                                      {Positional::Alibi, "alibi"},
+                                      {Positional::None, "none"}};
+constexpr Names<NormKind> kNorm[] = {{NormKind::LayerNorm, "layernorm"}, {NormKind::RMSNorm, "rmsnorm"}};
+constexpr Names<FeedForward> kAct[] = {{FeedForward::ReLU, "relu"},
+                                       {FeedForward::Gelu, "gelu"},
+                                       {FeedForward::GeluTanh, "gelu_tanh"},
+                                       {FeedForward::SwiGLU, "swiglu"}};
+constexpr Names<Pooling> kPool[] = {{Pooling::Mean, "mean"}, {Pooling::First, "first"}};
+
+template <class E, size_t N>
+const char* name_of(const Names<E> (&table)[N], E v) {
+  for (const auto& e : table)
+    if (e.value == v) return e.name;
+  return "?";
+}
+
+template <class E, size_t N>
+E parse_enum(const Names<E> (&table)[N], const json& j, const std::string& key, const std::string& source) {
+  check(j.is_string(), source, ": \"", key, "\" must be a string");
+  const std::string s = j.get<std::string>();
+  std::string valid;
+  for (const auto& e : table) {
+    if (s == e.name) return e.value;
+    valid += valid.empty() ? "" : ", ";
+    valid += e.name;
+  }
+  throw Error(detail::concat(source, ": \"", key, "\" is \"", s, "\"; expected one of ", valid));
+}
+
+int64_t get_int(const json& j, const std::string& key, const std::string& source) {
+  check(j.is_number_integer(), source, ": \"", key, "\" must be an integer, got ", j.dump());
+  return j.get<int64_t>();
+}
+double get_num(const json& j, const std::string& key, const std::string& source) {
+  check(j.is_number(), source, ": \"", key, "\" must be a number, got ", j.dump());
+  const double v = j.get<double>();
+  check(std::isfinite(v), source, ": \"", key, "\" must be finite");
+  return v;
+}
+bool get_bool(const json& j, const std::string& key, const std::string& source) {
+  check(j.is_boolean(), source, ": \"", key, "\" must be true or false, got ", j.dump());
+  return j.get<bool>();
+}
+
+}  // namespace
+
+const char* arch_name(Arch a) { return name_of(kArch, a); }
+const char* positional_name(Positional p) { return name_of(kPos, p); }
+
+void ModelConfig::validate() const {
+  auto positive = [](int64_t v, const char* name) { check(v >= 1, "config: ", name, " must be >= 1, got ", v); };
+  positive(vocab_size, "vocab_size");
+  positive(d_model, "d_model");
+  positive(n_heads, "n_heads");
+  positive(d_ff, "d_ff");
+  check(src_vocab_size >= 0, "config: src_vocab_size must be >= 0");
+  check(n_kv_heads >= 0 && kv_heads() <= n_heads && n_heads % kv_heads() == 0, "config: n_kv_heads = ", kv_heads(),
+        " must divide n_heads = ", n_heads);
+  check(d_k >= 0 && d_v >= 0, "config: d_k and d_v must be >= 0");
+  check(d_k > 0 || d_model % n_heads == 0, "config: d_model = ", d_model, " is not divisible by n_heads = ", n_heads,
+        "; set d_k");
+  positive(head_dim_k(), "d_k");
+  check(positional != Positional::Rope || head_dim_k() % 2 == 0, "config: rope needs an even d_k, got ", head_dim_k());
+  check(rope_theta > 0, "config: rope_theta must be > 0");
+  check(norm_eps > 0, "config: norm_eps must be > 0");
+  check(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
+  check(init_std >= 0, "config: init_std must be >= 0");
+  check(positional != Positional::Learned || max_len >= 1, "config: learned positions need max_len >= 1");
+  check(max_len >= 0, "config: max_len must be >= 0");
+  check(pad_id >= -1 && pad_id < std::max(vocab_size, source_vocab()), "config: pad_id ", pad_id,
+        " is outside the vocabulary");
+  check(bos_id >= -1 && bos_id < vocab_size, "config: bos_id ", bos_id, " is outside the vocabulary");
+  check(eos_id >= -1 && eos_id < vocab_size, "config: eos_id ", eos_id, " is outside the vocabulary");
+  switch (arch) {
+    case Arch::Decoder: positive(n_layers, "n_layers"); break;
+    case Arch::EncoderClassifier:
+      positive(n_layers, "n_layers");
+      positive(num_classes, "num_classes");
+      check(!tie_embeddings, "config: tie_embeddings does not apply to encoder-classifier");
+      break;
+    case Arch::EncoderDecoder:
+      positive(n_encoder_layers, "n_encoder_layers");
+      positive(n_decoder_layers, "n_decoder_layers");
+      break;
+  }
+}
+
+std::string ModelConfig::to_json() const {
+  json j;
+  j["qkv_format"] = 1;
+  j["arch"] = arch_name(arch);
+  j["vocab_size"] = vocab_size;
+  if (arch == Arch::EncoderDecoder) j["src_vocab_size"] = source_vocab();
+  j["d_model"] = d_model;
+  j["n_heads"] = n_heads;
+  j["n_kv_heads"] = kv_heads();
+  j["d_k"] = head_dim_k();
+  j["d_v"] = head_dim_v();
+  j["d_ff"] = d_ff;
+  if (arch == Arch::EncoderDecoder) {
+    j["n_encoder_layers"] = n_encoder_layers;
+    j["n_decoder_layers"] = n_decoder_layers;
+  } else {
+    j["n_layers"] = n_layers;
+  }
+  j["activation"] = name_of(kAct, activation);
+  j["norm"] = name_of(kNorm, norm);
+  j["norm_eps"] = norm_eps;
+  j["norm_first"] = norm_first;
+  j["final_norm"] = final_norm;
+  j["positional"] = positional_name(positional);
+  j["max_len"] = max_len;
+  j["rope_theta"] = rope_theta;
+  j["scale_embeddings"] = scale_embeddings;
+  j["tie_embeddings"] = tie_embeddings;
+  j["bias"] = bias;
+  j["fused_qkv"] = fused_qkv;
+  j["dropout"] = dropout;
+  if (arch == Arch::EncoderClassifier) {
+    j["num_classes"] = num_classes;
+    j["pooling"] = name_of(kPool, pooling);
+  }
+  j["pad_id"] = pad_id;
+  j["bos_id"] = bos_id;
+  j["eos_id"] = eos_id;
+  j["init_std"] = init_std;
+  return j.dump(2) + "\n";
+}
+
+ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw Error(detail::concat(source, ": not valid JSON: ", e.what()));
+  }
+  check(j.is_object(), source, ": expected a JSON object");
+  ModelConfig c;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (k == "qkv_format") {
+      check(get_int(v, k, source) == 1, source, ": qkv_format ", v.dump(), " is not supported (expected 1)");
+    } else if (k == "arch") c.arch = parse_enum(kArch, v, k, source);
+    else if (k == "vocab_size") c.vocab_size = get_int(v, k, source);
+    else if (k == "src_vocab_size") c.src_vocab_size = get_int(v, k, source);
+    else if (k == "d_model") c.d_model = get_int(v, k, source);
+    else if (k == "n_heads") c.n_heads = get_int(v, k, source);
+    else if (k == "n_kv_heads") c.n_kv_heads = get_int(v, k, source);
+    else if (k == "d_k") c.d_k = get_int(v, k, source);
+    else if (k == "d_v") c.d_v = get_int(v, k, source);
+    else if (k == "d_ff") c.d_ff = get_int(v, k, source);
+    else if (k == "n_layers") c.n_layers = get_int(v, k, source);
+    else if (k == "n_encoder_layers") c.n_encoder_layers = get_int(v, k, source);
+    else if (k == "n_decoder_layers") c.n_decoder_layers = get_int(v, k, source);
+    else if (k == "activation") c.activation = parse_enum(kAct, v, k, source);
+    else if (k == "norm") c.norm = parse_enum(kNorm, v, k, source);
+    else if (k == "norm_eps") c.norm_eps = get_num(v, k, source);
+    else if (k == "norm_first") c.norm_first = get_bool(v, k, source);
+    else if (k == "final_norm") c.final_norm = get_bool(v, k, source);
+    else if (k == "positional") c.positional = parse_enum(kPos, v, k, source);
+    else if (k == "max_len") c.max_len = get_int(v, k, source);
+    else if (k == "rope_theta") c.rope_theta = get_num(v, k, source);
+    else if (k == "scale_embeddings") c.scale_embeddings = get_bool(v, k, source);
+    else if (k == "tie_embeddings") c.tie_embeddings = get_bool(v, k, source);
+    else if (k == "bias") c.bias = get_bool(v, k, source);
+    else if (k == "fused_qkv") c.fused_qkv = get_bool(v, k, source);
+    else if (k == "dropout") c.dropout = get_num(v, k, source);
+    else if (k == "num_classes") c.num_classes = get_int(v, k, source);
+    else if (k == "pooling") c.pooling = parse_enum(kPool, v, k, source);
+    else if (k == "pad_id") c.pad_id = get_int(v, k, source);
+    else if (k == "bos_id") c.bos_id = get_int(v, k, source);
+    else if (k == "eos_id") c.eos_id = get_int(v, k, source);
+    else if (k == "init_std") c.init_std = get_num(v, k, source);
+    else throw Error(detail::concat(source, ": unknown key \"", k, "\""));
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(detail::concat(source, ": ", e.what()));
+  }
+  return c;
+}
+
+ModelConfig ModelConfig::load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  check(static_cast<bool>(f), path, ": cannot open");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  check(!f.bad(), path, ": read error");
+  const std::string text = ss.str();
+  check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a config file");
+  return from_json(text, path);
+}
+
+}  // namespace qkv

@@ -1,0 +1,354 @@
+// Differentiable layer ops: linear, residual add, scale, embedding, positions, norms,
+// activations, SwiGLU and dropout. Each forward is followed by the backward it pushes.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kernels/activations.h"
+#include "kernels/dropout.h"
+#include "kernels/embedding.h"
+#include "kernels/norm.h"
+#include "ops/op_util.h"
+#include "qkv/error.h"
+#include "qkv/gemm.h"
+#include "qkv/ops.h"
+#include "qkv/parallel.h"
+
+namespace qkv::ops {
+
+using detail::add_or_copy;
+using detail::grad_accum;
+using detail::into_grad;
+using detail::needs_grad;
+using detail::new_output;
+using detail::out_grad;
+
+namespace {
+
+const Tensor& value_of(const Var& v, const char* op, const char* what) {
+  check(v && v->value.defined(), op, ": ", what, " is missing");
+  return v->value;
+}
+
+std::vector<int64_t> with_last(std::vector<int64_t> shape, int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+}  // namespace
+
+Tensor as_ids(const Tensor& t, const char* what) {
+  check(t.defined(), what, ": ids are missing");
+  check(t.dtype() == DType::I64 || t.dtype() == DType::I32, what, ": expected int32 or int64 ids, got ",
+        t.describe());
+  return t.dtype() == DType::I64 ? t.contiguous() : t.to(DType::I64);
+}
+
+// ---- linear ------------------------------------------------------------------------------
+
+Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_begin, int64_t row_end,
+           int64_t bias_begin) {
+  const Tensor& X = value_of(x, "linear", "input");
+  const Tensor& W = value_of(w, "linear", "weight");
+  check(W.dim() == 2, "linear: weight must be (Out, In), got ", shape_str(W.shape()));
+  const int64_t In = W.size(1);
+  if (row_end < 0) row_end = W.size(0);
+  check(0 <= row_begin && row_begin <= row_end && row_end <= W.size(0), "linear: rows [", row_begin, ", ", row_end,
+        ") outside the weight's ", W.size(0), " rows");
+  check(X.dim() >= 1 && X.size(-1) == In, "linear: input ", shape_str(X.shape()), " does not end in the weight's In = ",
+        In, " (weight ", shape_str(W.shape()), ")");
+  const int64_t Out = row_end - row_begin, N = X.numel() / std::max<int64_t>(In, 1);
+  if (bias_begin < 0) bias_begin = row_begin;
+  if (b) check(b->value.dim() == 1 && bias_begin + Out <= b->value.size(0), "linear: bias ",
+               shape_str(b->value.shape()), " has no elements ", bias_begin, "..", bias_begin + Out - 1);
+  Var y = new_output(with_last(X.shape(), Out), needs_grad(x) || needs_grad(w) || needs_grad(b));
+  float* Y = y->value.data<float>();
+  const float* Wr = W.data<float>() + row_begin * In;
+  // y <- x W[r0:r1]^T (+ b[r0:r1])
+  if (In == 0) {
+    std::fill(Y, Y + N * Out, 0.0f);
+  } else {
+    sgemm(false, true, N, Out, In, 1.0f, X.data<float>(), In, Wr, In, 0.0f, Y, Out);
+  }
+  if (b) {
+    const float* bias = b->value.data<float>() + bias_begin;
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
+  }
+  if (y->requires_grad) {
+    tape.push([x, w, b, y, row_begin, bias_begin, In, Out, N] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- dy W[r0:r1]
+      if (needs_grad(x)) {
+        bool add = false;
+        float* dX = x->grad_dest(&add);
+        if (Out == 0) {
+          if (!add) std::fill(dX, dX + N * In, 0.0f);
+        } else {
+          sgemm(false, false, N, In, Out, 1.0f, dY, Out, w->value.data<float>() + row_begin * In, In,
+                add ? 1.0f : 0.0f, dX, In);
+        }
+      }
+      // dW[r0:r1] += dy^T x
+      if (needs_grad(w) && In > 0) {
+        float* dW = grad_accum(*w) + row_begin * In;
+        if (N > 0) sgemm(true, false, Out, In, N, 1.0f, dY, Out, x->value.data<float>(), In, 1.0f, dW, In);
+      } else if (needs_grad(w)) {
+        grad_accum(*w);
+      }
+      // db[r0:r1] += sum over rows of dy
+      if (needs_grad(b)) detail::column_sums(dY, N, Out, grad_accum(*b) + bias_begin, true);
+    });
+  }
+  return y;
+}
+
+// ---- add, scale ----------------------------------------------------------------------------
+
+Var add(Tape& tape, const Var& a, const Var& b) {
+  const Tensor& A = value_of(a, "add", "first operand");
+  const Tensor& Bv = value_of(b, "add", "second operand");
+  check(A.shape() == Bv.shape(), "add: shapes differ: ", shape_str(A.shape()), " and ", shape_str(Bv.shape()));
+  Var y = new_output(A.shape(), needs_grad(a) || needs_grad(b));
+  const int64_t n = A.numel();
+  const float *pa = A.data<float>(), *pb = Bv.data<float>();
+  float* py = y->value.data<float>();
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
+  if (y->requires_grad) {
+    tape.push([a, b, y, n] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // da <- dy;  db <- dy
+      for (const Var* v : {&a, &b})
+        if (needs_grad(*v)) detail::accumulate_grad(**v, dY);
+    });
+  }
+  return y;
+}
+
+Var scale(Tape& tape, const Var& x, float s) {
+  const Tensor& X = value_of(x, "scale", "input");
+  Var y = new_output(X.shape(), needs_grad(x));
+  const int64_t n = X.numel();
+  const float* px = X.data<float>();
+  float* py = y->value.data<float>();
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (int64_t i = 0; i < n; ++i) py[i] = s * px[i];
+  if (y->requires_grad) {
+    tape.push([x, y, n, s] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- s dy
+      into_grad(*x, [&](float* dX) {
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+        for (int64_t i = 0; i < n; ++i) dX[i] = s * dY[i];
+      });
+    });
+  }
+  return y;
+}
+
+// ---- embedding and positions -----------------------------------------------------------------
+
+Var embedding(Tape& tape, const Tensor& ids_in, const Var& table) {
+  const Tensor& Tb = value_of(table, "embedding", "table");
+  check(Tb.dim() == 2, "embedding: table must be (V, C), got ", shape_str(Tb.shape()));
+  Tensor ids = as_ids(ids_in, "embedding");
+  const int64_t N = ids.numel(), V = Tb.size(0), C = Tb.size(1);
+  const int64_t bad = kernels::embedding_check_ids(ids.data<int64_t>(), N, V);
+  check(bad < 0, "embedding: id ", bad < 0 ? 0 : ids.data<int64_t>()[bad], " at flat index ", bad,
+        " is outside the vocabulary [0, ", V, ")");
+  std::vector<int64_t> shape = ids.shape();
+  shape.push_back(C);
+  Var y = new_output(shape, needs_grad(table));
+  kernels::embedding_forward(Tb.data<float>(), ids.data<int64_t>(), y->value.data<float>(), N, V, C, num_threads());
+  if (y->requires_grad) {
+    tape.push([ids, table, y, N, V, C] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dtable[ids_i] += dy_i
+      kernels::embedding_backward(ids.data<int64_t>(), dY, grad_accum(*table), N, V, C, num_threads());
+    });
+  }
+  return y;
+}
+
+Var add_positions(Tape& tape, const Var& x, const Var& table, int64_t offset) {
+  const Tensor& X = value_of(x, "add_positions", "input");
+  const Tensor& P = value_of(table, "add_positions", "position table");
+  check(X.dim() == 3, "add_positions: input must be (B, T, C), got ", shape_str(X.shape()));
+  const int64_t B = X.size(0), T = X.size(1), C = X.size(2);
+  check(P.dim() == 2 && P.size(1) == C, "add_positions: table must be (P, ", C, "), got ", shape_str(P.shape()));
+  check(offset >= 0 && offset + T <= P.size(0), "add_positions: positions ", offset, "..", offset + T - 1,
+        " exceed the table's ", P.size(0), " positions (max_len)");
+  Var y = new_output(X.shape(), needs_grad(x) || needs_grad(table));
+  const float *px = X.data<float>(), *pp = P.data<float>() + offset * C;
+  float* py = y->value.data<float>();
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t c = 0; c < C; ++c) py[r * C + c] = px[r * C + c] + pp[(r % T) * C + c];
+  if (y->requires_grad) {
+    tape.push([x, table, y, B, T, C, offset] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- dy
+      if (needs_grad(x)) detail::accumulate_grad(*x, dY);
+      // dtable[offset + t] += sum_b dy[b, t]
+      if (needs_grad(table)) {
+        float* dP = grad_accum(*table) + offset * C;
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t b = 0; b < B; ++b)
+            for (int64_t c = 0; c < C; ++c) dP[t * C + c] += dY[(b * T + t) * C + c];
+      }
+    });
+  }
+  return y;
+}
+
+// ---- normalisation -----------------------------------------------------------------------------
+
+namespace {
+
+// Writes a parameter gradient computed by a kernel that overwrites its output.
+template <class F>
+void param_grad(const Var& p, F&& compute) {
+  if (needs_grad(p)) into_grad(*p, compute);
+}
+
+}  // namespace
+
+Var layer_norm(Tape& tape, const Var& x, const Var& gamma, const Var& beta, float eps) {
+  const Tensor& X = value_of(x, "layer_norm", "input");
+  const Tensor& G = value_of(gamma, "layer_norm", "weight");
+  check(X.dim() >= 1, "layer_norm: input must have at least one dimension");
+  const int64_t C = X.size(-1), N = X.numel() / std::max<int64_t>(C, 1);
+  check(G.dim() == 1 && G.size(0) == C, "layer_norm: weight ", shape_str(G.shape()), " does not match C = ", C);
+  if (beta) check(beta->value.dim() == 1 && beta->value.size(0) == C, "layer_norm: bias ",
+                  shape_str(beta->value.shape()), " does not match C = ", C);
+  Var y = new_output(X.shape(), needs_grad(x) || needs_grad(gamma) || needs_grad(beta));
+  Tensor mean({N}, DType::F32), rstd({N}, DType::F32);
+  kernels::layernorm_forward(X.data<float>(), G.data<float>(), beta ? beta->value.data<float>() : nullptr,
+                             y->value.data<float>(), mean.data<float>(), rstd.data<float>(), N, C, eps,
+                             num_threads());
+  if (y->requires_grad) {
+    tape.push([x, gamma, beta, y, mean, rstd, N, C] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx, dgamma, dbeta from the saved mean and rstd (kernels/norm.h)
+      Tensor dx({N, C}, DType::F32), dg({C}, DType::F32), db({C}, DType::F32);
+      kernels::layernorm_backward(x->value.data<float>(), gamma->value.data<float>(), mean.data<float>(),
+                                  rstd.data<float>(), dY, dx.data<float>(), dg.data<float>(),
+                                  beta ? db.data<float>() : nullptr, N, C, num_threads());
+      if (needs_grad(x)) detail::accumulate_grad(*x, dx.data<float>());
+      param_grad(gamma, [&](float* d) { std::copy(dg.data<float>(), dg.data<float>() + C, d); });
+      param_grad(beta, [&](float* d) { std::copy(db.data<float>(), db.data<float>() + C, d); });
+    });
+  }
+  return y;
+}
+
+Var rms_norm(Tape& tape, const Var& x, const Var& gamma, float eps) {
+  const Tensor& X = value_of(x, "rms_norm", "input");
+  const Tensor& G = value_of(gamma, "rms_norm", "weight");
+  check(X.dim() >= 1, "rms_norm: input must have at least one dimension");
+  const int64_t C = X.size(-1), N = X.numel() / std::max<int64_t>(C, 1);
+  check(G.dim() == 1 && G.size(0) == C, "rms_norm: weight ", shape_str(G.shape()), " does not match C = ", C);
+  Var y = new_output(X.shape(), needs_grad(x) || needs_grad(gamma));
+  Tensor rstd({N}, DType::F32);
+  kernels::rmsnorm_forward(X.data<float>(), G.data<float>(), y->value.data<float>(), rstd.data<float>(), N, C, eps,
+                           num_threads());
+  if (y->requires_grad) {
+    tape.push([x, gamma, y, rstd, N, C] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      Tensor dx({N, C}, DType::F32), dg({C}, DType::F32);
+      kernels::rmsnorm_backward(x->value.data<float>(), gamma->value.data<float>(), rstd.data<float>(), dY,
+                                dx.data<float>(), dg.data<float>(), N, C, num_threads());
+      if (needs_grad(x)) detail::accumulate_grad(*x, dx.data<float>());
+      param_grad(gamma, [&](float* d) { std::copy(dg.data<float>(), dg.data<float>() + C, d); });
+    });
+  }
+  return y;
+}
+
+// ---- activations, SwiGLU, dropout --------------------------------------------------------------
+
+namespace {
+kernels::Activation kernel_activation(Activation f) {
+  switch (f) {
+    case Activation::ReLU: return kernels::Activation::ReLU;
+    case Activation::GeluErf: return kernels::Activation::GeluErf;
+    case Activation::GeluTanh: return kernels::Activation::GeluTanh;
+  }
+  throw Error("activation: unknown kind");
+}
+}  // namespace
+
+Var activation(Tape& tape, const Var& x, Activation f) {
+  const Tensor& X = value_of(x, "activation", "input");
+  Var y = new_output(X.shape(), needs_grad(x));
+  const int64_t n = X.numel();
+  const kernels::Activation k = kernel_activation(f);
+  kernels::activation_forward(k, X.data<float>(), y->value.data<float>(), n, num_threads());
+  if (y->requires_grad) {
+    tape.push([x, y, n, k] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- dy f'(x)
+      into_grad(*x, [&](float* dX) { kernels::activation_backward(k, x->value.data<float>(), dY, dX, n, num_threads()); });
+    });
+  }
+  return y;
+}
+
+Var swiglu(Tape& tape, const Var& x) {
+  const Tensor& X = value_of(x, "swiglu", "input");
+  check(X.dim() >= 1 && X.size(-1) % 2 == 0, "swiglu: last dimension must be even (gate and value halves), got ",
+        shape_str(X.shape()));
+  const int64_t F = X.size(-1) / 2, N = X.numel() / std::max<int64_t>(2 * F, 1);
+  Var y = new_output(with_last(X.shape(), F), needs_grad(x));
+  const float* px = X.data<float>();
+  float* py = y->value.data<float>();
+  // y[i] <- silu(x[i, :F]) * x[i, F:]
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (int64_t i = 0; i < N; ++i) kernels::swiglu_forward(px + i * 2 * F, px + i * 2 * F + F, py + i * F, F, 1);
+  if (y->requires_grad) {
+    tape.push([x, y, N, F] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      const float* px2 = x->value.data<float>();
+      into_grad(*x, [&](float* dX) {
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+        for (int64_t i = 0; i < N; ++i)
+          kernels::swiglu_backward(px2 + i * 2 * F, px2 + i * 2 * F + F, dY + i * F, dX + i * 2 * F,
+                                   dX + i * 2 * F + F, F, 1);
+      });
+    });
+  }
+  return y;
+}
+
+Var dropout(Tape& tape, const Var& x, float p, uint64_t seed, uint64_t stream) {
+  const Tensor& X = value_of(x, "dropout", "input");
+  check(p >= 0.0f && p < 1.0f, "dropout: p must be in [0, 1), got ", p);
+  if (p == 0.0f) return x;
+  Var y = new_output(X.shape(), needs_grad(x));
+  const int64_t n = X.numel();
+  kernels::dropout_forward(X.data<float>(), y->value.data<float>(), n, p, seed, stream, num_threads());
+  if (y->requires_grad) {
+    tape.push([x, y, n, p, seed, stream] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- dy * keep / (1 - p), the mask regenerated from (seed, stream)
+      into_grad(*x, [&](float* dX) { kernels::dropout_backward(dY, dX, n, p, seed, stream, num_threads()); });
+    });
+  }
+  return y;
+}
+
+}  // namespace qkv::ops

@@ -1,0 +1,116 @@
+// The reverse-mode tape (qkv/autograd.h) and the helpers the ops share (op_util.h).
+#include "qkv/autograd.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "ops/op_util.h"
+#include "qkv/error.h"
+#include "qkv/parallel.h"
+
+namespace qkv {
+namespace {
+void detail_add(float* dst, const float* src, int64_t n, bool add) { ops::detail::add_or_copy(dst, src, n, add); }
+}  // namespace
+
+float* Node::grad_dest(bool* add) {
+  if (!grad.defined() || grad.shape() != value.shape()) grad = Tensor(value.shape(), DType::F32);
+  *add = has_grad;
+  has_grad = true;
+  return grad.data<float>();
+}
+
+Var make_var(Tensor value, bool requires_grad) {
+  check(value.defined(), "make_var: tensor is not defined");
+  auto n = std::make_shared<Node>();
+  n->value = value.dtype() == DType::F32 ? value.contiguous() : value.to(DType::F32);
+  n->requires_grad = requires_grad;
+  return n;
+}
+
+void Tape::push(std::function<void()> backward_fn) {
+  if (recording) ops_.push_back(std::move(backward_fn));
+}
+
+void Tape::backward(const Var& loss, float seed) {
+  check(loss && loss->value.numel() == 1, "Tape::backward: the loss must have exactly one element, got ",
+        loss ? loss->value.describe() : std::string("nothing"));
+  if (loss->requires_grad) {
+    bool add = false;
+    float* g = loss->grad_dest(&add);
+    g[0] = add ? g[0] + seed : seed;
+  }
+  run();
+}
+
+void Tape::backward(const Var& out, const Tensor& grad_out) {
+  check(out && grad_out.defined() && grad_out.shape() == out->value.shape(), "Tape::backward: gradient ",
+        grad_out.defined() ? grad_out.describe() : std::string("nothing"), " does not match the output ",
+        out ? out->value.describe() : std::string("nothing"));
+  if (out->requires_grad) {
+    Tensor g = grad_out.to(DType::F32);
+    bool add = false;
+    float* d = out->grad_dest(&add);
+    detail_add(d, g.data<float>(), g.numel(), add);
+  }
+  run();
+}
+
+void Tape::run() {
+  // Each closure is released as soon as it has run, so saved activations are freed layer by layer.
+  while (!ops_.empty()) {
+    std::function<void()> fn = std::move(ops_.back());
+    ops_.pop_back();
+    fn();
+  }
+}
+
+namespace ops::detail {
+
+Var new_output(std::vector<int64_t> shape, bool requires_grad) {
+  auto n = std::make_shared<Node>();
+  n->value = Tensor(std::move(shape), DType::F32);
+  n->requires_grad = requires_grad;
+  return n;
+}
+
+float* grad_accum(Node& n) {
+  bool add = false;
+  float* g = n.grad_dest(&add);
+  if (!add) std::fill(g, g + n.value.numel(), 0.0f);
+  return g;
+}
+
+void accumulate_grad(Node& n, const float* src) {
+  bool add = false;
+  float* g = n.grad_dest(&add);  // sets add: a separate statement from its use
+  add_or_copy(g, src, n.value.numel(), add);
+}
+
+void add_or_copy(float* dst, const float* src, int64_t count, bool add) {
+  if (add) {
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+    for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
+  } else if (count > 0) {
+    std::copy(src, src + count, dst);
+  }
+}
+
+void column_sums(const float* x, int64_t N, int64_t C, float* col_sum, bool add) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (C + kBlock - 1) / kBlock;
+#pragma omp parallel for num_threads(num_threads()) schedule(static)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, j1 = std::min(C, j0 + kBlock);
+    double acc[kBlock] = {};
+    for (int64_t i = 0; i < N; ++i) {
+      const float* row = x + i * C;
+      for (int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+    }
+    for (int64_t j = j0; j < j1; ++j)
+      col_sum[j] = add ? col_sum[j] + static_cast<float>(acc[j - j0]) : static_cast<float>(acc[j - j0]);
+  }
+}
+
+}  // namespace ops::detail
+}  // namespace qkv

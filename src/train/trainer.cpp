@@ -1,0 +1,233 @@
+// Trainer: accumulation, clipping, non-finite step skipping, AdamW, checkpoints.
+#include "qkv/train.h"
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "kernels/adamw.h"
+#include "qkv/error.h"
+#include "qkv/parallel.h"
+#include "qkv/safetensors.h"
+
+namespace qkv {
+namespace {
+
+using json = nlohmann::json;
+
+// Dropout seed of micro-batch k at step s: distinct streams per (seed, step, k).
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9E3779B97F4A7C15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void validate(const TrainConfig& c) {
+  qkv::validate(c.schedule);
+  check(c.beta1 >= 0 && c.beta1 < 1, "train: beta1 must be in [0, 1), got ", c.beta1);
+  check(c.beta2 >= 0 && c.beta2 < 1, "train: beta2 must be in [0, 1), got ", c.beta2);
+  check(c.eps > 0, "train: eps must be > 0, got ", c.eps);
+  check(c.weight_decay >= 0, "train: weight_decay must be >= 0, got ", c.weight_decay);
+  check(c.clip_norm >= 0, "train: clip_norm must be >= 0 (0 = off), got ", c.clip_norm);
+  check(c.label_smoothing >= 0 && c.label_smoothing <= 1, "train: label_smoothing must be in [0, 1]");
+}
+
+json schedule_json(const Schedule& s) {
+  return {{"kind", schedule_name(s.kind)}, {"lr", s.lr}, {"warmup", s.warmup}, {"total", s.total},
+          {"min_lr", s.min_lr}, {"d_model", s.d_model}};
+}
+
+}  // namespace
+
+Trainer::Trainer(Model& model, TrainConfig config) : model_(model), config_(std::move(config)), rng_(config_.seed) {
+  validate(config_);
+  for (const Parameter& p : model_.parameters()) {
+    m_.emplace_back(p.var->value.shape(), DType::F32);
+    v_.emplace_back(p.var->value.shape(), DType::F32);
+  }
+}
+
+StepReport Trainer::step(const std::vector<Batch>& micro) {
+  check(!micro.empty(), "train: a step needs at least one batch");
+  std::vector<Parameter>& params = model_.parameters();
+  for (Parameter& p : params) p.var->zero_grad();
+  StepReport r;
+  r.step = step_ + 1;
+  const float inv = 1.0f / static_cast<float>(micro.size());
+  double loss_sum = 0;
+  for (size_t k = 0; k < micro.size(); ++k) {
+    Tape tape;
+    ForwardOptions opt;
+    opt.training = true;
+    opt.dropout_seed = mix(mix(config_.seed, static_cast<uint64_t>(r.step)), k);
+    Var logits = model_.logits(tape, micro[k], opt);
+    int64_t counted = 0;
+    Var loss = model_.loss(tape, logits, micro[k], config_.label_smoothing, &counted);
+    logits.reset();
+    const double l = loss->value.data<float>()[0];
+    loss_sum += l;
+    r.tokens += counted;
+    if (std::isfinite(l)) {
+      // grad <- grad + (1 / micro-batches) d(loss_k)
+      tape.backward(loss, inv);
+    } else {
+      tape.clear();
+    }
+  }
+  r.loss = loss_sum / static_cast<double>(micro.size());
+  r.lr = learning_rate(config_.schedule, r.step);
+  step_ = r.step;
+
+  // A parameter no gradient reached (e.g. an unused embedding row's whole table) has gradient 0.
+  std::vector<const float*> gp;
+  std::vector<int64_t> sizes;
+  for (Parameter& p : params) {
+    if (!p.var->has_grad) {
+      bool add = false;
+      float* g = p.var->grad_dest(&add);
+      std::fill(g, g + p.var->value.numel(), 0.0f);
+    }
+    gp.push_back(p.var->grad.data<float>());
+    sizes.push_back(p.var->value.numel());
+  }
+  const int threads = num_threads();
+  r.grad_norm = std::sqrt(kernels::global_grad_norm_sq(gp.data(), sizes.data(), static_cast<int64_t>(gp.size()), threads));
+  // NaN fails every comparison, so test finiteness, never "norm > limit".
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
+    r.skipped = true;
+    return r;
+  }
+  // g <- g * min(1, clip / (norm + 1e-6))   (torch.nn.utils.clip_grad_norm_)
+  if (config_.clip_norm > 0) {
+    const double coef = config_.clip_norm / (r.grad_norm + 1e-6);
+    if (coef < 1.0) {
+      const float c = static_cast<float>(coef);
+      for (Parameter& p : params) {
+        float* g = p.var->grad.data<float>();
+        const int64_t n = p.var->value.numel();
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < n; ++i) g[i] *= c;
+      }
+    }
+  }
+  ++updates_;
+  for (size_t i = 0; i < params.size(); ++i) {
+    kernels::AdamWParams ap;
+    ap.lr = static_cast<float>(r.lr);
+    ap.beta1 = static_cast<float>(config_.beta1);
+    ap.beta2 = static_cast<float>(config_.beta2);
+    ap.eps = static_cast<float>(config_.eps);
+    ap.weight_decay = (params[i].decay || config_.decay_all) ? static_cast<float>(config_.weight_decay) : 0.0f;
+    ap.step = updates_;
+    kernels::adamw_step(params[i].var->value.data<float>(), params[i].var->grad.data<float>(), m_[i].data<float>(),
+                        v_[i].data<float>(), params[i].var->value.numel(), ap, threads);
+  }
+  return r;
+}
+
+void Trainer::save_checkpoint(const std::string& path, const std::string& data_state) const {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  const std::vector<Parameter>& params = model_.parameters();
+  for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back("model." + params[i].name, params[i].var->value);
+  for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back("adam_m." + params[i].name, m_[i]);
+  for (size_t i = 0; i < params.size(); ++i) tensors.emplace_back("adam_v." + params[i].name, v_[i]);
+  const Rng::State s = rng_.state();
+  json rng = {{"s", {s.s[0], s.s[1], s.s[2], s.s[3]}}, {"has_spare", s.has_spare}};
+  // The spare normal as its exact bits.
+  uint64_t spare_bits = 0;
+  std::memcpy(&spare_bits, &s.spare, sizeof spare_bits);
+  rng["spare_bits"] = spare_bits;
+  json train = {{"step", step_},
+                {"updates", updates_},
+                {"schedule", schedule_json(config_.schedule)},
+                {"beta1", config_.beta1},
+                {"beta2", config_.beta2},
+                {"eps", config_.eps},
+                {"weight_decay", config_.weight_decay},
+                {"decay_all", config_.decay_all},
+                {"clip_norm", config_.clip_norm},
+                {"label_smoothing", config_.label_smoothing},
+                {"seed", config_.seed}};
+  std::map<std::string, std::string> meta = {{"qkv_checkpoint", "1"},
+                                             {"config", model_.config().to_json()},
+                                             {"train", train.dump()},
+                                             {"rng", rng.dump()},
+                                             {"data", data_state}};
+  write_safetensors(path, tensors, meta);
+}
+
+namespace {
+json meta_json(const SafetensorsFile& f, const std::string& key, const std::string& path) {
+  auto it = f.metadata.find(key);
+  check(it != f.metadata.end(), path, ": not a qkv checkpoint (metadata \"", key, "\" is missing)");
+  try {
+    return json::parse(it->second);
+  } catch (const json::exception& e) {
+    throw Error(detail::concat(path, ": checkpoint metadata \"", key, "\" is not valid JSON: ", e.what()));
+  }
+}
+}  // namespace
+
+ModelConfig checkpoint_model_config(const std::string& path) {
+  SafetensorsFile f = read_safetensors(path);
+  auto it = f.metadata.find("config");
+  check(f.metadata.count("qkv_checkpoint") && it != f.metadata.end(), path, ": not a qkv checkpoint");
+  return ModelConfig::from_json(it->second, path + " (config)");
+}
+
+std::string Trainer::load_checkpoint(const std::string& path) {
+  SafetensorsFile f = read_safetensors(path);
+  check(f.metadata.count("qkv_checkpoint") && f.metadata.at("qkv_checkpoint") == "1", path,
+        ": not a qkv checkpoint (format 1)");
+  const ModelConfig saved = ModelConfig::from_json(f.metadata.count("config") ? f.metadata.at("config") : "",
+                                                   path + " (config)");
+  check(saved.to_json() == model_.config().to_json(), path, ": the checkpoint's model config differs from this model's");
+  const std::vector<Parameter>& params = model_.parameters();
+  std::vector<std::pair<std::string, Tensor>> weights;
+  std::vector<const Tensor*> ms(params.size()), vs(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor* w = f.find("model." + params[i].name);
+    const Tensor* m = f.find("adam_m." + params[i].name);
+    const Tensor* v = f.find("adam_v." + params[i].name);
+    check(w && m && v, path, ": checkpoint lacks model/adam_m/adam_v tensors for \"", params[i].name, "\"");
+    for (const Tensor* t : {w, m, v})
+      check(t->shape() == params[i].var->value.shape() && t->dtype() == DType::F32, path, ": \"", params[i].name,
+            "\" is ", t->describe(), " in the checkpoint; the model needs float32 ",
+            shape_str(params[i].var->value.shape()));
+    weights.emplace_back(params[i].name, *w);
+    ms[i] = m;
+    vs[i] = v;
+  }
+  check(f.tensors.size() == 3 * params.size(), path, ": checkpoint holds ", f.tensors.size(),
+        " tensors; expected ", 3 * params.size());
+  const json train = meta_json(f, "train", path);
+  const json rng = meta_json(f, "rng", path);
+  Rng::State s{};
+  int64_t step = 0, updates = 0;
+  try {
+    step = train.at("step").get<int64_t>();
+    updates = train.at("updates").get<int64_t>();
+    for (int i = 0; i < 4; ++i) s.s[i] = rng.at("s").at(static_cast<size_t>(i)).get<uint64_t>();
+    s.has_spare = rng.at("has_spare").get<bool>();
+    const uint64_t bits = rng.at("spare_bits").get<uint64_t>();
+    std::memcpy(&s.spare, &bits, sizeof bits);
+  } catch (const json::exception& e) {
+    throw Error(detail::concat(path, ": checkpoint metadata is malformed: ", e.what()));
+  }
+  check(step >= 0 && updates >= 0 && updates <= step, path, ": checkpoint step counters are inconsistent");
+  // Everything validated: now change state.
+  model_.load_state_dict(weights);
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::memcpy(m_[i].data<float>(), ms[i]->data<float>(), m_[i].nbytes());
+    std::memcpy(v_[i].data<float>(), vs[i]->data<float>(), v_[i].nbytes());
+  }
+  step_ = step;
+  updates_ = updates;
+  rng_.set_state(s);
+  auto d = f.metadata.find("data");
+  return d == f.metadata.end() ? std::string() : d->second;
+}
+
+}  // namespace qkv

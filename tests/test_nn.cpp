@@ -1,0 +1,465 @@
+// The differentiable ops (qkv/ops.h) and the models built from them (qkv/model.h): every op's
+// backward, and whole models' parameter gradients, against central finite differences.
+//
+// The kernels underneath are checked against finite differences in double (test_kernels_*);
+// here the ops run in float32, so the finite differences are of a float32 function. With
+// L = sum(y * r) accumulated in double, step h = 1e-2 and O(1) values, the difference quotient
+// carries about 1e-4 absolute error (float rounding of y over h, plus h^2 truncation); the bound
+// is |fd - analytic| <= 3e-3 * (1 + max|analytic|) + 2e-2 * |analytic|. A wrong backward (a
+// missing term, a transposed index) is off by O(1) and fails it by orders of magnitude.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "error_testing.h"
+#include "qkv/autograd.h"
+#include "qkv/model.h"
+#include "qkv/ops.h"
+
+namespace qkv {
+namespace {
+
+using testing::error_of;
+
+Tensor randn(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
+  Tensor t(std::move(shape), DType::F32);
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = d(g);
+  return t;
+}
+
+Tensor ids_tensor(std::vector<int64_t> shape, std::vector<int64_t> v) { return Tensor::from<int64_t>(shape, v); }
+
+double dot(const Tensor& y, const Tensor& r) {
+  double s = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data<float>()[i]) * r.data<float>()[i];
+  return s;
+}
+
+// Checks d(sum(build() * r))/d(leaf) for every leaf against central differences at up to
+// `per_leaf` elements of each. `kink` skips elements with |x| < kink (ReLU's corner).
+void gradcheck(const std::string& what, const std::vector<Var>& leaves, const std::function<Var(Tape&)>& build,
+               int per_leaf = 16, float kink = 0.0f) {
+  Tape tape;
+  Var y = build(tape);
+  const Tensor r = randn(y->value.shape(), 99);
+  for (const Var& l : leaves) l->zero_grad();
+  tape.backward(y, r);
+  std::mt19937_64 g(7);
+  for (size_t li = 0; li < leaves.size(); ++li) {
+    const Var& leaf = leaves[li];
+    ASSERT_TRUE(leaf->has_grad) << what << ": leaf " << li << " received no gradient";
+    const int64_t n = leaf->value.numel();
+    double gmax = 0;
+    for (int64_t i = 0; i < n; ++i) gmax = std::max(gmax, std::fabs(static_cast<double>(leaf->grad.data<float>()[i])));
+    for (int c = 0; c < per_leaf && c < n; ++c) {
+      const int64_t i = n <= per_leaf ? c : static_cast<int64_t>(g() % static_cast<uint64_t>(n));
+      float* x = leaf->value.data<float>() + i;
+      const float x0 = *x;
+      if (std::fabs(x0) < kink) continue;
+      const float h = 1e-2f;
+      auto eval = [&](float v) {
+        *x = v;
+        Tape t;
+        t.recording = false;
+        return dot(build(t)->value, r);
+      };
+      const double fd = (eval(x0 + h) - eval(x0 - h)) / (static_cast<double>(x0 + h) - static_cast<double>(x0 - h));
+      *x = x0;
+      const double an = leaf->grad.data<float>()[i];
+      EXPECT_LE(std::fabs(fd - an), 3e-3 * (1 + gmax) + 2e-2 * std::fabs(an))
+          << what << ": leaf " << li << " element " << i << ": finite difference " << fd << ", backward " << an;
+    }
+  }
+}
+
+Var param(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
+  return make_var(randn(std::move(shape), seed, scale), true);
+}
+
+TEST(Ops, LinearWithRowsAndBiasOffset) {
+  Var x = param({2, 3, 5}, 1), w = param({7, 5}, 2), b = param({9}, 3);
+  gradcheck("linear all rows", {x, w, b}, [&](Tape& t) { return ops::linear(t, x, w, b, 0, -1, 2); });
+  gradcheck("linear rows 2..6", {x, w, b}, [&](Tape& t) { return ops::linear(t, x, w, b, 2, 6); });
+  gradcheck("linear no bias", {x, w}, [&](Tape& t) { return ops::linear(t, x, w, nullptr); });
+}
+
+TEST(Ops, LinearMatchesDirectSum) {
+  Var x = param({4, 3}, 1), w = param({2, 3}, 2), b = param({2}, 3);
+  Tape t;
+  Var y = ops::linear(t, x, w, b);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 2; ++j) {
+      double s = b->value.data<float>()[j];
+      for (int k = 0; k < 3; ++k) s += x->value.data<float>()[i * 3 + k] * w->value.data<float>()[j * 3 + k];
+      EXPECT_NEAR(y->value.data<float>()[i * 2 + j], s, 1e-5);
+    }
+  EXPECT_NE(error_of([&] { ops::linear(t, x, param({2, 4}, 1), nullptr); }).find("does not end in the weight's In = 4"),
+            std::string::npos);
+}
+
+TEST(Ops, AddScaleEmbeddingPositions) {
+  Var a = param({2, 3, 4}, 1), b = param({2, 3, 4}, 2), table = param({6, 4}, 3), pos = param({5, 4}, 4);
+  const Tensor ids = ids_tensor({2, 3}, {1, 5, 1, 0, 2, 1});  // id 1 three times: scatter-add
+  gradcheck("add", {a, b}, [&](Tape& t) { return ops::add(t, a, b); });
+  gradcheck("scale", {a}, [&](Tape& t) { return ops::scale(t, a, -1.5f); });
+  gradcheck("embedding", {table}, [&](Tape& t) { return ops::embedding(t, ids, table); }, 24);
+  gradcheck("positions", {a, pos}, [&](Tape& t) { return ops::add_positions(t, a, pos, 1); }, 20);
+  Tape t;
+  EXPECT_NE(error_of([&] { ops::embedding(t, ids_tensor({1}, {6}), table); }).find("id 6 at flat index 0 is outside"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { ops::add_positions(t, a, pos, 3); }).find("exceed the table's 5 positions"),
+            std::string::npos);
+}
+
+TEST(Ops, Norms) {
+  Var x = param({3, 2, 6}, 1, 2.0f), g = param({6}, 2), b = param({6}, 3);
+  gradcheck("layer_norm", {x, g, b}, [&](Tape& t) { return ops::layer_norm(t, x, g, b, 1e-5f); });
+  gradcheck("layer_norm no shift", {x, g}, [&](Tape& t) { return ops::layer_norm(t, x, g, nullptr, 1e-5f); });
+  gradcheck("rms_norm", {x, g}, [&](Tape& t) { return ops::rms_norm(t, x, g, 1e-6f); });
+}
+
+TEST(Ops, ActivationsSwigluDropout) {
+  Var x = param({4, 6}, 1);
+  gradcheck("relu", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::ReLU); }, 16, 0.05f);
+  gradcheck("gelu", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::GeluErf); });
+  gradcheck("gelu tanh", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::GeluTanh); });
+  gradcheck("swiglu", {x}, [&](Tape& t) { return ops::swiglu(t, x); });
+  gradcheck("dropout", {x}, [&](Tape& t) { return ops::dropout(t, x, 0.4f, 11, 3); });
+  Tape t;
+  Var y = ops::dropout(t, x, 0.4f, 11, 3);
+  int zeros = 0;
+  for (int64_t i = 0; i < 24; ++i) {
+    const float v = y->value.data<float>()[i];
+    if (v == 0.0f) ++zeros;
+    else EXPECT_FLOAT_EQ(v, x->value.data<float>()[i] / 0.6f);
+  }
+  EXPECT_GT(zeros, 0);
+  EXPECT_LT(zeros, 24);
+  EXPECT_EQ(ops::dropout(t, x, 0.0f, 1, 1), x);  // p = 0: the input itself
+}
+
+TEST(Ops, AttentionSelfFusedCausalWithPadding) {
+  // H = 2 heads of Dk = 3 over a fused (B, T, 2*3 + 2*3 + 2*3) projection.
+  Var qkv = param({2, 5, 18}, 1);
+  ops::HeadLayout hl{2, 2, 3, 3, 0, 6, 12, 0.0, 0, 0};
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.key_lengths = Tensor::from<int64_t>({2}, {5, 3});
+  gradcheck("self causal padded", {qkv}, [&](Tape& t) { return ops::attention(t, qkv, qkv, qkv, hl, spec); }, 40);
+}
+
+TEST(Ops, AttentionGqaDkNeDvRopeAlibi) {
+  // H = 4 query heads sharing Hkv = 2 key/value heads, Dk = 4, Dv = 3.
+  Var q = param({1, 6, 16}, 1), kv = param({1, 6, 14}, 2);
+  ops::HeadLayout hl{4, 2, 4, 3, 0, 0, 8, 10000.0, 0, 0};
+  AttentionSpec spec;
+  spec.causal = true;
+  gradcheck("gqa rope", {q, kv}, [&](Tape& t) { return ops::attention(t, q, kv, kv, hl, spec); }, 30);
+  hl.rope_theta = 0;
+  spec.alibi = true;
+  gradcheck("gqa alibi", {q, kv}, [&](Tape& t) { return ops::attention(t, q, kv, kv, hl, spec); }, 30);
+}
+
+TEST(Ops, AttentionCrossSeparateSources) {
+  Var q = param({2, 3, 4}, 1), k = param({2, 5, 4}, 2), v = param({2, 5, 6}, 3);
+  ops::HeadLayout hl{2, 2, 2, 3, 0, 0, 0, 0.0, 0, 0};
+  AttentionSpec spec;
+  spec.key_lengths = Tensor::from<int64_t>({2}, {2, 5});
+  gradcheck("cross", {q, k, v}, [&](Tape& t) { return ops::attention(t, q, k, v, hl, spec); }, 30);
+}
+
+TEST(Ops, RopeRelativePositionInScores) {
+  // With RoPE, the score of a query at position m against a key at n depends on m - n only:
+  // shifting both positions by 3 leaves the output unchanged.
+  Var q = param({1, 4, 4}, 1), kv = param({1, 4, 8}, 2);
+  ops::HeadLayout hl{1, 1, 4, 4, 0, 0, 4, 100.0, 0, 0};
+  Tape t;
+  Var a = ops::attention(t, q, kv, kv, hl, {});
+  hl.q_pos = hl.k_pos = 3;
+  Var b = ops::attention(t, q, kv, kv, hl, {});
+  for (int64_t i = 0; i < a->value.numel(); ++i) EXPECT_NEAR(a->value.data<float>()[i], b->value.data<float>()[i], 1e-5);
+  hl.k_pos = 0;  // shifting only the queries changes it
+  Var c = ops::attention(t, q, kv, kv, hl, {});
+  double diff = 0;
+  for (int64_t i = 0; i < a->value.numel(); ++i) diff += std::fabs(a->value.data<float>()[i] - c->value.data<float>()[i]);
+  EXPECT_GT(diff, 1e-3);
+}
+
+TEST(Ops, CrossEntropyAndPooling) {
+  Var logits = param({2, 3, 5}, 1);
+  const Tensor targets = ids_tensor({2, 3}, {1, 4, -100, 0, 2, 2});
+  gradcheck("ce", {logits}, [&](Tape& t) { return ops::cross_entropy(t, logits, targets); }, 30);
+  gradcheck("ce smoothing", {logits}, [&](Tape& t) { return ops::cross_entropy(t, logits, targets, -100, 0.1f); }, 30);
+  int64_t counted = 0;
+  Tape t;
+  ops::cross_entropy(t, logits, targets, -100, 0.0f, &counted);
+  EXPECT_EQ(counted, 5);
+  EXPECT_NE(error_of([&] { ops::cross_entropy(t, logits, ids_tensor({2, 3}, {1, 5, 0, 0, 0, 0})); })
+                .find("target 5 at flat index 1"),
+            std::string::npos);
+  Var x = param({2, 4, 3}, 2);
+  const Tensor len = ids_tensor({2}, {2, 4});
+  gradcheck("mean_pool", {x}, [&](Tape& tt) { return ops::mean_pool(tt, x, len); }, 24);
+  gradcheck("first_token", {x}, [&](Tape& tt) { return ops::first_token(tt, x); }, 24);
+  Var p = ops::mean_pool(t, x, len);
+  EXPECT_NEAR(p->value.data<float>()[0], (x->value.data<float>()[0] + x->value.data<float>()[3]) / 2, 1e-6);
+}
+
+TEST(Ops, SharedParameterAccumulatesBothUses) {
+  // A tied embedding: used as the input table and as the output projection.
+  Var table = param({5, 3}, 1);
+  const Tensor ids = ids_tensor({1, 4}, {0, 3, 3, 1});
+  gradcheck("tied", {table}, [&](Tape& t) { return ops::linear(t, ops::embedding(t, ids, table), table, nullptr); }, 15);
+}
+
+TEST(Ops, InputUsedTwiceAccumulates) {
+  // A pre-norm residual block: x feeds both the norm and the residual add.
+  Var x = param({2, 3, 4}, 1), g = param({4}, 2), b = param({4}, 3), w = param({4, 4}, 4);
+  gradcheck("x + ln(x)", {x, g, b}, [&](Tape& t) { return ops::add(t, x, ops::layer_norm(t, x, g, b, 1e-5f)); });
+  gradcheck("two blocks", {x, w, g}, [&](Tape& t) {
+    Var h = ops::add(t, x, ops::linear(t, ops::rms_norm(t, x, g, 1e-5f), w, nullptr));
+    return ops::add(t, h, ops::linear(t, ops::layer_norm(t, h, g, b, 1e-5f), w, nullptr));
+  });
+}
+
+TEST(Ops, BackwardFreesSavedActivationsAndNeedsScalarLoss) {
+  Var x = param({2, 3}, 1), w = param({4, 3}, 2);
+  Tape t;
+  Var y = ops::linear(t, x, w, nullptr);
+  EXPECT_EQ(t.size(), 1u);
+  EXPECT_NE(error_of([&] { t.backward(y); }).find("exactly one element"), std::string::npos);
+  Var l = ops::cross_entropy(t, y, ids_tensor({2}, {0, 3}));
+  t.backward(l);
+  EXPECT_EQ(t.size(), 0u);
+  EXPECT_TRUE(w->has_grad);
+}
+
+// ---- scores are not symmetric -------------------------------------------------------------------
+
+TEST(Attention, LearnedProjectionsMakeScoresAsymmetric) {
+  // The chapter: with W_Q != W_K, how much token A attends to B differs from how much B attends
+  // to A. Two tokens a, b; score(x, y) = (x W_Q^T) . (y W_K^T).
+  Var wq = param({4, 4}, 1), wk = param({4, 4}, 2);
+  Var xa = param({1, 4}, 3), xb = param({1, 4}, 4);
+  Tape t;
+  auto score = [&](const Var& x, const Var& y) {
+    const Tensor q = ops::linear(t, x, wq, nullptr)->value, k = ops::linear(t, y, wk, nullptr)->value;
+    double s = 0;
+    for (int i = 0; i < 4; ++i) s += static_cast<double>(q.data<float>()[i]) * k.data<float>()[i];
+    return s;
+  };
+  const double ab = score(xa, xb), ba = score(xb, xa);
+  EXPECT_GT(std::fabs(ab - ba), 0.1) << "score(a, b) = " << ab << ", score(b, a) = " << ba;
+  // With W_Q = W_K the bilinear form is symmetric.
+  wk->value = wq->value.clone();
+  EXPECT_NEAR(score(xa, xb), score(xb, xa), 1e-5);
+}
+
+// ---- whole models -----------------------------------------------------------------------------------
+
+ModelConfig tiny(Arch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 11;
+  c.src_vocab_size = 9;
+  c.d_model = 8;
+  c.n_heads = 2;
+  c.d_ff = 12;
+  c.n_layers = 2;
+  c.n_encoder_layers = 1;
+  c.n_decoder_layers = 2;
+  c.max_len = 8;
+  c.num_classes = 3;
+  c.init_std = 0.3;
+  c.pad_id = 0;
+  return c;
+}
+
+Batch tiny_batch(const ModelConfig& c) {
+  Batch b;
+  b.input = ids_tensor({2, 5}, {3, 4, 5, 6, 7, 8, 2, 1, 0, 0});
+  if (c.arch == Arch::EncoderDecoder) {
+    b.decoder_input = ids_tensor({2, 4}, {1, 9, 10, 4, 1, 3, 0, 0});
+    b.target = ids_tensor({2, 4}, {9, 10, 4, 2, 3, 2, 0, 0});
+  } else if (c.arch == Arch::Decoder) {
+    b.target = ids_tensor({2, 5}, {4, 5, 6, 7, 2, 2, 1, 3, 0, 0});
+  } else {
+    b.target = ids_tensor({2}, {2, 0});
+  }
+  return b;
+}
+
+// Finite differences of the model's loss at a few elements of every parameter.
+void model_gradcheck(const ModelConfig& c, const std::string& what) {
+  Model m(c);
+  m.init(5);
+  const Batch batch = tiny_batch(c);
+  for (Parameter& p : m.parameters()) p.var->zero_grad();
+  Tape tape;
+  Var loss = m.loss(tape, m.logits(tape, batch), batch);
+  tape.backward(loss);
+  auto eval = [&] {
+    Tape t;
+    t.recording = false;
+    return static_cast<double>(m.loss(t, m.logits(t, batch), batch)->value.data<float>()[0]);
+  };
+  std::mt19937_64 g(3);
+  for (Parameter& p : m.parameters()) {
+    ASSERT_TRUE(p.var->has_grad) << what << ": " << p.name << " got no gradient";
+    const int64_t n = p.var->value.numel();
+    for (int c2 = 0; c2 < 4; ++c2) {
+      const int64_t i = static_cast<int64_t>(g() % static_cast<uint64_t>(n));
+      float* x = p.var->value.data<float>() + i;
+      const float x0 = *x, h = 1e-2f;
+      *x = x0 + h;
+      const double lp = eval();
+      *x = x0 - h;
+      const double lm = eval();
+      *x = x0;
+      const double fd = (lp - lm) / (2.0 * h), an = p.var->grad.data<float>()[i];
+      EXPECT_LE(std::fabs(fd - an), 2e-3 + 3e-2 * std::fabs(an)) << what << ": " << p.name << "[" << i << "]: fd " << fd
+                                                                 << ", backward " << an;
+    }
+  }
+}
+
+TEST(Models, DecoderGradientsEveryVariant) {
+  ModelConfig c = tiny(Arch::Decoder);
+  c.activation = FeedForward::Gelu;
+  for (Positional pos : {Positional::Sinusoidal, Positional::Learned, Positional::Rope, Positional::Alibi,
+                         Positional::None}) {
+    c.positional = pos;
+    c.norm_first = pos == Positional::Rope || pos == Positional::Learned;
+    model_gradcheck(c, std::string("decoder ") + positional_name(pos));
+  }
+  c.positional = Positional::Rope;
+  c.norm = NormKind::RMSNorm;
+  c.activation = FeedForward::SwiGLU;
+  c.n_kv_heads = 1;
+  c.bias = false;
+  c.tie_embeddings = true;
+  c.fused_qkv = false;
+  model_gradcheck(c, "llama-like decoder");
+}
+
+TEST(Models, EncoderDecoderAndClassifierGradients) {
+  // Smooth activations: finite differences across ReLU's corner are meaningless (ReLU's own
+  // backward is checked in Ops.ActivationsSwigluDropout, away from the corner).
+  ModelConfig c = tiny(Arch::EncoderDecoder);
+  c.activation = FeedForward::Gelu;
+  c.scale_embeddings = true;
+  model_gradcheck(c, "encoder-decoder post-norm");
+  c.norm_first = true;
+  c.fused_qkv = false;
+  c.d_k = 3;
+  c.d_v = 5;
+  model_gradcheck(c, "encoder-decoder pre-norm, separate projections, Dk != Dv");
+  ModelConfig k = tiny(Arch::EncoderClassifier);
+  k.activation = FeedForward::GeluTanh;
+  model_gradcheck(k, "classifier mean pooling");
+  k.pooling = Pooling::First;
+  k.positional = Positional::Learned;
+  model_gradcheck(k, "classifier first token");
+}
+
+TEST(Models, PaddingDoesNotLeakIntoRealPositions) {
+  // Changing the padding tokens of a row changes none of its real positions' logits.
+  ModelConfig c = tiny(Arch::EncoderClassifier);
+  Model m(c);
+  m.init(1);
+  Batch b = tiny_batch(c);
+  Tape t;
+  t.recording = false;
+  const Tensor l1 = m.logits(t, b)->value.clone();
+  b.input = ids_tensor({2, 5}, {3, 4, 5, 6, 7, 8, 2, 1, 0, 0});
+  b.input_lengths = Tensor::from<int64_t>({2}, {5, 3});
+  const Tensor l2 = m.logits(t, b)->value.clone();
+  b.input = ids_tensor({2, 5}, {3, 4, 5, 6, 7, 8, 2, 1, 9, 4});  // garbage beyond length 3
+  const Tensor l3 = m.logits(t, b)->value.clone();
+  for (int64_t i = 0; i < l1.numel(); ++i) {
+    EXPECT_EQ(l1.data<float>()[i], l2.data<float>()[i]);  // pad_id gives the same lengths
+    EXPECT_EQ(l2.data<float>()[i], l3.data<float>()[i]);
+  }
+}
+
+TEST(Models, CausalDecoderIgnoresTheFuture) {
+  ModelConfig c = tiny(Arch::Decoder);
+  c.pad_id = -1;
+  Model m(c);
+  m.init(1);
+  Batch b;
+  b.input = ids_tensor({1, 5}, {3, 4, 5, 6, 7});
+  Tape t;
+  t.recording = false;
+  const Tensor l1 = m.logits(t, b)->value.clone();
+  b.input = ids_tensor({1, 5}, {3, 4, 5, 1, 2});
+  const Tensor l2 = m.logits(t, b)->value.clone();
+  for (int64_t i = 0; i < 3 * 11; ++i) EXPECT_EQ(l1.data<float>()[i], l2.data<float>()[i]);
+  double later = 0;
+  for (int64_t i = 3 * 11; i < 5 * 11; ++i) later += std::fabs(l1.data<float>()[i] - l2.data<float>()[i]);
+  EXPECT_GT(later, 0.0);
+}
+
+TEST(Models, ConfigJsonRoundTripAndStrictness) {
+  ModelConfig c = tiny(Arch::EncoderDecoder);
+  c.positional = Positional::Rope;
+  c.activation = FeedForward::SwiGLU;
+  const ModelConfig d = ModelConfig::from_json(c.to_json(), "c.json");
+  EXPECT_EQ(d.to_json(), c.to_json());
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "d_modle": 4})", "x.json"); })
+                .find("x.json: unknown key \"d_modle\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "positional": "absolute"})", "x.json"); })
+                .find("expected one of sinusoidal, learned, rope, alibi, none"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "d_model": 6, "n_heads": 4})", "x.json"); })
+                .find("not divisible by n_heads"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": "5"})", "x.json"); }).find("must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json("{", "x.json"); }).find("x.json: not valid JSON"), std::string::npos);
+}
+
+TEST(Models, StateDictMismatchNamesTensorAndShapes) {
+  Model m(tiny(Arch::Decoder));
+  auto sd = m.state_dict();
+  sd[3].second = Tensor({7, 7}, DType::F32);
+  const std::string name = sd[3].first;
+  const std::string e = error_of([&] { m.load_state_dict(sd); });
+  EXPECT_NE(e.find("\"" + name + "\" has shape (7, 7) but the config needs"), std::string::npos) << e;
+  EXPECT_EQ(error_of([&] { m.load_state_dict(m.state_dict()); }), "no exception");
+  auto sd2 = m.state_dict();
+  sd2.pop_back();
+  EXPECT_NE(error_of([&] { m.load_state_dict(sd2); }).find("is missing"), std::string::npos);
+  auto sd3 = m.state_dict();
+  sd3.emplace_back("layers.9.norm1.weight", Tensor({8}, DType::F32));
+  EXPECT_NE(error_of([&] { m.load_state_dict(sd3); }).find("unexpected tensor \"layers.9.norm1.weight\""),
+            std::string::npos);
+}
+
+TEST(Models, InitIsSeeded) {
+  Model a(tiny(Arch::Decoder)), b(tiny(Arch::Decoder)), c(tiny(Arch::Decoder));
+  a.init(1);
+  b.init(1);
+  c.init(2);
+  bool differs = false;
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    const Tensor &x = a.parameters()[i].var->value, &y = b.parameters()[i].var->value, &z = c.parameters()[i].var->value;
+    for (int64_t j = 0; j < x.numel(); ++j) {
+      ASSERT_EQ(x.data<float>()[j], y.data<float>()[j]);
+      differs |= x.data<float>()[j] != z.data<float>()[j];
+    }
+  }
+  EXPECT_TRUE(differs);
+}
+
+}  // namespace
+}  // namespace qkv
