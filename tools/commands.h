@@ -10,5 +10,9 @@ namespace qkv::cli {
 using Runner = std::function<int()>;
 Runner add_attend(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_init(CLI::App& app);
+Runner add_import(CLI::App& app);
+Runner add_forward(CLI::App& app);
+Runner add_train(CLI::App& app);
 
 }  // namespace qkv::cli

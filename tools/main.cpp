@@ -42,6 +42,10 @@ int main(int argc, char** argv) {
   std::vector<qkv::cli::Runner> runners;
   runners.push_back(qkv::cli::add_attend(app));
   runners.push_back(qkv::cli::add_bench(app));
+  runners.push_back(qkv::cli::add_init(app));
+  runners.push_back(qkv::cli::add_import(app));
+  runners.push_back(qkv::cli::add_forward(app));
+  runners.push_back(qkv::cli::add_train(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,279 @@
+// qkv init / import / forward / train: build a model directory, load PyTorch weights, check a
+// model's outputs and gradients from outside, and train on a batch.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+
+namespace qkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+void make_dir(const std::string& dir, const char* flag) {
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw Error(detail::concat(flag, " ", dir, ": cannot create the directory: ", std::strerror(errno)));
+  check(fs::is_directory(dir), flag, " ", dir, ": exists and is not a directory");
+}
+
+// Ids from .npy: int32 or int64 (int64 from float arrays holding whole numbers is not guessed).
+Tensor read_ids(const std::string& path, const char* flag) {
+  Tensor t = read_npy(path);
+  check(t.dtype() == DType::I64 || t.dtype() == DType::I32, flag, " ", path,
+        ": expected an int32 or int64 array of token ids, got ", t.describe());
+  return t;
+}
+
+struct BatchFiles {
+  std::string input, lengths, decoder_input, target;
+  void add(CLI::App* c, bool target_required) {
+    c->add_option("--input", input, "Token ids .npy (B, T): the tokens, or the source of an encoder-decoder")
+        ->required()
+        ->check(CLI::ExistingFile);
+    c->add_option("--lengths", lengths, "Real lengths .npy (B) of right-padded rows (default: from pad_id)")
+        ->check(CLI::ExistingFile);
+    c->add_option("--decoder-input", decoder_input,
+                  "Encoder-decoder: decoder input ids .npy (B, T'), the target shifted right")
+        ->check(CLI::ExistingFile);
+    auto* t = c->add_option("--target", target, "Targets .npy: next tokens (B, T) / (B, T'), or labels (B)")
+                  ->check(CLI::ExistingFile);
+    if (target_required) t->required();
+  }
+  Batch load(const Model& m) const {
+    Batch b;
+    b.input = read_ids(input, "--input");
+    if (!lengths.empty()) b.input_lengths = read_ids(lengths, "--lengths");
+    if (!decoder_input.empty()) b.decoder_input = read_ids(decoder_input, "--decoder-input");
+    if (!target.empty()) b.target = read_ids(target, "--target");
+    check(m.config().arch != Arch::EncoderDecoder || b.decoder_input.defined(),
+          "--decoder-input is required for an encoder-decoder model");
+    return b;
+  }
+};
+
+// ---- init ----------------------------------------------------------------------------------------
+
+struct InitOptions {
+  std::string config, out;
+  uint64_t seed = 0;
+};
+
+int run_init(const InitOptions& o) {
+  Model m(ModelConfig::load(o.config));
+  m.init(o.seed);
+  make_dir(o.out, "--out");
+  m.save(o.out);
+  std::cout << "wrote " << o.out << ": " << arch_name(m.config().arch) << ", " << m.num_parameters()
+            << " parameters in " << m.parameters().size() << " tensors (seed " << o.seed << ")\n";
+  return 0;
+}
+
+// ---- import --------------------------------------------------------------------------------------
+
+struct ImportOptions {
+  std::string config, weights, out;
+  bool allow_missing = false;
+  uint64_t seed = 0;
+};
+
+int run_import(const ImportOptions& o) {
+  Model m(ModelConfig::load(o.config));
+  m.init(o.seed);  // what --allow-missing leaves in place
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  if (fs::is_directory(o.weights)) {
+    for (const auto& e : fs::directory_iterator(o.weights)) {
+      if (!e.is_regular_file() || e.path().extension() != ".npy") continue;
+      tensors.emplace_back(e.path().stem().string(), read_npy(e.path().string()));
+    }
+    check(!tensors.empty(), "--weights ", o.weights, ": no .npy files in the directory");
+  } else {
+    tensors = read_safetensors(o.weights).tensors;
+  }
+  try {
+    m.load_state_dict(tensors, o.allow_missing);
+  } catch (const Error& e) {
+    throw Error(detail::concat("--weights ", o.weights, ": ", e.what()));
+  }
+  make_dir(o.out, "--out");
+  m.save(o.out);
+  std::cout << "imported " << tensors.size() << " tensors into " << o.out << " (" << arch_name(m.config().arch) << ", "
+            << m.num_parameters() << " parameters)\n";
+  return 0;
+}
+
+// ---- forward -------------------------------------------------------------------------------------
+
+struct ForwardCmd {
+  std::string model, out, grads;
+  BatchFiles batch;
+  float label_smoothing = 0;
+};
+
+int run_forward(const ForwardCmd& o) {
+  Model m = Model::load(o.model);
+  const Batch b = o.batch.load(m);
+  check(o.grads.empty() || b.target.defined(), "--grads needs --target (gradients of the loss)");
+  if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
+                            ": the directory does not exist");
+  if (!o.grads.empty()) make_dir(o.grads, "--grads");
+  Tape tape;
+  tape.recording = !o.grads.empty();
+  Var logits = m.logits(tape, b);
+  std::cout << "logits " << shape_str(logits->value.shape());
+  if (b.target.defined()) {
+    int64_t counted = 0;
+    Var loss = m.loss(tape, logits, b, o.label_smoothing, &counted);
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(loss->value.data<float>()[0]));
+    std::cout << "  loss " << buf << " over " << counted << " targets";
+    if (!o.grads.empty()) {
+      tape.backward(loss);
+      for (const Parameter& p : m.parameters())
+        write_npy(o.grads + "/" + p.name + ".npy", p.var->has_grad ? p.var->grad : Tensor(p.var->value.shape(), DType::F32));
+    }
+  }
+  std::cout << "\n";
+  if (!o.out.empty()) write_npy(o.out, logits->value);
+  return 0;
+}
+
+// ---- train (on one batch) ----------------------------------------------------------------------
+
+struct TrainCmd {
+  std::string model, out, losses, checkpoint, resume;
+  BatchFiles batch;
+  int64_t steps = 100;
+  TrainConfig cfg;
+  std::string schedule = "constant";
+  double lr = 1e-3;
+  int64_t warmup = 0, total = 0;
+  double min_lr = 0;
+  int64_t accumulate = 1;
+};
+
+int run_train(TrainCmd& o) {
+  Model m = o.resume.empty() ? Model::load(o.model) : Model(checkpoint_model_config(o.resume));
+  o.cfg.schedule.kind = parse_schedule_kind(o.schedule);
+  o.cfg.schedule.lr = o.lr;
+  o.cfg.schedule.warmup = o.warmup;
+  o.cfg.schedule.total = o.total > 0 ? o.total : o.steps;
+  o.cfg.schedule.min_lr = o.min_lr;
+  if (o.cfg.schedule.kind == ScheduleKind::InverseSqrt) o.cfg.schedule.d_model = 0;
+  Trainer trainer(m, o.cfg);
+  if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
+  const Batch b = o.batch.load(m);
+  check(b.target.defined(), "--target is required");
+  if (!o.losses.empty()) check(fs::is_directory(fs::absolute(o.losses).parent_path()), "--losses ", o.losses,
+                               ": the directory does not exist");
+  const std::vector<Batch> micro(static_cast<size_t>(o.accumulate), b);
+  std::vector<double> losses;
+  const bool tty = isatty(fileno(stderr)) != 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t first = trainer.steps_done();
+  for (int64_t s = 0; s < o.steps; ++s) {
+    const StepReport r = trainer.step(micro);
+    losses.push_back(r.loss);
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    char line[256];
+    std::snprintf(line, sizeof line, "step %lld/%lld  loss %.6f  lr %.3g  grad_norm %.4g%s",
+                  static_cast<long long>(r.step), static_cast<long long>(first + o.steps),
+                  r.loss, r.lr, r.grad_norm, r.skipped ? "  SKIPPED (non-finite loss or gradient)" : "");
+    if (tty) {
+      const double eta = el / static_cast<double>(s + 1) * static_cast<double>(o.steps - s - 1);
+      std::fprintf(stderr, "\r%s  [%.0fs, ETA %.0fs]\033[K", line, el, eta);
+      if (s + 1 == o.steps || r.skipped) std::fprintf(stderr, "\n");
+    }
+    if (!tty || r.skipped) std::cout << line << "\n";
+  }
+  std::cout << "trained " << o.steps << " steps (" << trainer.skipped_steps() << " skipped); final loss "
+            << (losses.empty() ? 0.0 : losses.back()) << "\n";
+  if (!o.losses.empty()) write_npy(o.losses, Tensor::from<double>({static_cast<int64_t>(losses.size())}, losses));
+  if (!o.checkpoint.empty()) trainer.save_checkpoint(o.checkpoint);
+  if (!o.out.empty()) {
+    make_dir(o.out, "--out");
+    m.save(o.out);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_init(CLI::App& app) {
+  auto o = std::make_shared<InitOptions>();
+  CLI::App* c = app.add_subcommand("init", "Create a model directory (config.json + model.safetensors) with random weights");
+  c->add_option("--config", o->config, "config.json describing the model (docs/formats.md)")->required()->check(CLI::ExistingFile);
+  c->add_option("--out", o->out, "Model directory to write")->required();
+  c->add_option("--seed", o->seed, "Initialisation seed");
+  return [o] { return run_init(*o); };
+}
+
+Runner add_import(CLI::App& app) {
+  auto o = std::make_shared<ImportOptions>();
+  CLI::App* c = app.add_subcommand(
+      "import", "Make a model directory from PyTorch-named weights: a directory of <name>.npy files or a .safetensors file");
+  c->add_option("--config", o->config, "config.json describing the model")->required()->check(CLI::ExistingFile);
+  c->add_option("--weights", o->weights, "Directory of <state_dict name>.npy, or a .safetensors file")
+      ->required()
+      ->check(CLI::ExistingPath);
+  c->add_option("--out", o->out, "Model directory to write")->required();
+  c->add_flag("--allow-missing", o->allow_missing,
+              "Parameters absent from --weights keep a random initialisation (e.g. embeddings around an nn.Transformer)");
+  c->add_option("--seed", o->seed, "Seed for parameters left to initialisation");
+  return [o] { return run_import(*o); };
+}
+
+Runner add_forward(CLI::App& app) {
+  auto o = std::make_shared<ForwardCmd>();
+  CLI::App* c = app.add_subcommand("forward", "Run a model on token ids: logits, loss, and gradients of the loss");
+  c->add_option("--model", o->model, "Model directory")->required();
+  o->batch.add(c, false);
+  c->add_option("--out", o->out, "Write the logits here (.npy)");
+  c->add_option("--grads", o->grads, "Write d(loss)/d(parameter) as <name>.npy into this directory (needs --target)");
+  c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing of the loss")->check(CLI::Range(0.0, 1.0));
+  return [o] { return run_forward(*o); };
+}
+
+Runner add_train(CLI::App& app) {
+  auto o = std::make_shared<TrainCmd>();
+  CLI::App* c = app.add_subcommand("train", "Train a model on one batch with AdamW (overfitting, optimiser checks)");
+  c->add_option("--model", o->model, "Model directory to start from");
+  c->add_option("--resume", o->resume, "Resume from a checkpoint instead of --model")->check(CLI::ExistingFile);
+  o->batch.add(c, true);
+  c->add_option("--steps", o->steps, "Optimiser steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  c->add_option("--lr", o->lr, "Peak learning rate");
+  c->add_option("--schedule", o->schedule, "constant, inverse-sqrt or cosine");
+  c->add_option("--warmup", o->warmup, "Warmup steps");
+  c->add_option("--total", o->total, "Cosine: the step where the rate reaches --min-lr (default --steps)");
+  c->add_option("--min-lr", o->min_lr, "Cosine floor");
+  c->add_option("--weight-decay", o->cfg.weight_decay, "AdamW decoupled weight decay");
+  c->add_flag("--decay-all", o->cfg.decay_all, "Decay every parameter (torch.optim.AdamW(model.parameters()))");
+  c->add_option("--beta1", o->cfg.beta1, "AdamW beta1");
+  c->add_option("--beta2", o->cfg.beta2, "AdamW beta2");
+  c->add_option("--eps", o->cfg.eps, "AdamW eps");
+  c->add_option("--clip", o->cfg.clip_norm, "Clip gradients to this global L2 norm (0: off)");
+  c->add_option("--accumulate", o->accumulate, "Micro-batches per step (gradient accumulation)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--label-smoothing", o->cfg.label_smoothing, "Label smoothing")->check(CLI::Range(0.0, 1.0));
+  c->add_option("--seed", o->cfg.seed, "Seed for dropout");
+  c->add_option("--losses", o->losses, "Write the loss of every step here (.npy, float64)");
+  c->add_option("--checkpoint", o->checkpoint, "Write a checkpoint (weights, optimiser, step, RNG) here at the end");
+  c->add_option("--out", o->out, "Write the trained model directory here");
+  return [o] {
+    check(!o->model.empty() || !o->resume.empty(), "train: give --model DIR or --resume CHECKPOINT");
+    return run_train(*o);
+  };
+}
+
+}  // namespace qkv::cli
