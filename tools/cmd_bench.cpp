@@ -21,7 +21,6 @@ namespace qkv::cli {
 namespace {
 
 struct BenchOptions {
-  std::string what = "attention";
   std::vector<int64_t> seq = {512, 1024, 2048, 4096, 8192};
   int64_t batch = 1, heads = 8, dim = 64, ref_max_t = 4096, gemm_n = 2048;
   int reps = 3;
@@ -121,7 +120,6 @@ struct Row {
 };
 
 int run_bench(const BenchOptions& o) {
-  check(o.what == "attention", "bench: unknown benchmark '", o.what, "' (available: attention)");
   const int threads = num_threads();
   const BlasInfo blas = blas_info();
   const double ceiling = gemm_ceiling(o.gemm_n, o.reps);
@@ -267,8 +265,9 @@ int run_bench(const BenchOptions& o) {
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* c = app.add_subcommand("bench", "Benchmarks that print figures (attention: flash vs reference vs SGEMM)");
-  c->add_option("what", o->what, "Which benchmark: attention")->check(CLI::IsMember({"attention"}));
+  CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, or model training");
+  b->require_subcommand(1);
+  CLI::App* c = b->add_subcommand("attention", "Flash vs reference attention vs the machine's SGEMM ceiling");
   c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',');
   c->add_option("--batch", o->batch, "Batch size B")->check(CLI::PositiveNumber);
   c->add_option("--heads", o->heads, "Heads H")->check(CLI::PositiveNumber);
@@ -278,7 +277,8 @@ Runner add_bench(CLI::App& app) {
   c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->check(CLI::PositiveNumber);
   c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds");
   c->add_flag("--json", o->json, "Print JSON instead of a table");
-  return [o] { return run_bench(*o); };
+  Runner train = add_bench_train(*b);
+  return [o, c, train] { return c->parsed() ? run_bench(*o) : train(); };
 }
 
 }  // namespace qkv::cli

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""PyTorch's training throughput on the shapes of `qkv bench train`, for comparison.
+
+Usage: /usr/bin/python3 bench/torch_train.py --model gpt2-small|transformer-base
+           [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--threads N] [--json]
+
+The same models as qkv's presets, built from torch.nn (nn.TransformerEncoderLayer /
+nn.Transformer), trained with torch.optim.AdamW (fused=False, foreach=True: PyTorch 1.13's
+fastest CPU path) and clip_grad_norm_, on random tokens. Reports tokens/s over the timed steps
+and the process's peak resident memory (ru_maxrss). Run it in its own process, as qkv's bench.
+
+Give PyTorch its best settings: threads = cores (the default here), and if its OpenBLAS fell
+back to the generic Prescott kernel, force the right one with OPENBLAS_CORETYPE (printed below).
+"""
+import argparse
+import ctypes
+import json
+import math
+import resource
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def blas_corename():
+    for lib in ("libopenblas.so.0", "libopenblasp.so.0", "libopenblaso.so.0"):
+        try:
+            h = ctypes.CDLL(lib, mode=ctypes.RTLD_NOLOAD) if hasattr(ctypes, "RTLD_NOLOAD") else ctypes.CDLL(lib)
+            h.openblas_get_corename.restype = ctypes.c_char_p
+            return h.openblas_get_corename().decode()
+        except OSError:
+            continue
+    return "unknown"
+
+
+class GPT(nn.Module):
+    def __init__(self, V=50257, D=768, H=12, L=12, F_=3072, max_len=1024):
+        super().__init__()
+        self.embed = nn.Embedding(V, D)
+        self.pos_embed = nn.Embedding(max_len, D)
+        gelu_tanh = lambda x: F.gelu(x, approximate="tanh")  # noqa: E731
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(D, H, F_, dropout=0.0, activation=gelu_tanh, batch_first=True, norm_first=True)
+            for _ in range(L))
+        self.norm = nn.LayerNorm(D)
+        self.lm_head = nn.Linear(D, V, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def forward(self, ids):
+        T = ids.shape[1]
+        x = self.embed(ids) + self.pos_embed(torch.arange(T))
+        mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+        for layer in self.layers:
+            x = layer(x, src_mask=mask)
+        return self.lm_head(self.norm(x))
+
+
+class Base(nn.Module):
+    def __init__(self, V=32000, D=512, H=8, L=6, F_=2048):
+        super().__init__()
+        self.D = D
+        self.embed = nn.Embedding(V, D)
+        self.transformer = nn.Transformer(D, H, L, L, F_, dropout=0.0, batch_first=True)
+        self.lm_head = nn.Linear(D, V, bias=False)
+        self.lm_head.weight = self.embed.weight
+
+    def pe(self, T):
+        pos = torch.arange(T, dtype=torch.float64)[:, None]
+        i = torch.arange(0, self.D, 2, dtype=torch.float64)
+        ang = pos / torch.pow(10000.0, i / self.D)
+        pe = torch.zeros(T, self.D, dtype=torch.float64)
+        pe[:, 0::2] = torch.sin(ang)
+        pe[:, 1::2] = torch.cos(ang)
+        return pe.float()
+
+    def forward(self, src, tgt):
+        s = self.embed(src) * math.sqrt(self.D) + self.pe(src.shape[1])
+        t = self.embed(tgt) * math.sqrt(self.D) + self.pe(tgt.shape[1])
+        T = tgt.shape[1]
+        mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
+        return self.lm_head(self.transformer(s, t, tgt_mask=mask))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gpt2-small", choices=["gpt2-small", "transformer-base"])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    encdec = a.model == "transformer-base"
+    model = Base() if encdec else GPT()
+    V = 32000 if encdec else 50257
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    params = sum(p.numel() for p in model.parameters())
+    times, loss = [], float("nan")
+    for s in range(a.warmup + a.steps):
+        x = torch.randint(0, V, (a.batch, a.seq))
+        y = torch.randint(0, V, (a.batch, a.seq))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        logits = model(x, torch.randint(0, V, (a.batch, a.seq))) if encdec else model(x)
+        l = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        l.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss = l.item()
+        dt = time.perf_counter() - t0
+        if s >= a.warmup:
+            times.append(dt)
+        print(f"step {s + 1}/{a.warmup + a.steps}: {dt:.3f} s", file=sys.stderr)
+    per = sum(times) / len(times)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    out = {"model": a.model, "parameters": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
+           "threads": torch.get_num_threads(), "s_per_step": per, "best_s_per_step": min(times),
+           "tokens_per_s": a.batch * a.seq / per, "peak_rss_mib": peak, "last_loss": loss,
+           "torch": torch.__version__, "blas_core": blas_corename()}
+    if a.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"torch {torch.__version__} bench train: {a.model}, {params} parameters, batch {a.batch} x {a.seq}, "
+              f"{out['threads']} threads, OpenBLAS core {out['blas_core']}")
+        print(f"  step (fwd + bwd + AdamW): mean {per:.3f} s, best {min(times):.3f} s over {a.steps} steps")
+        print(f"  throughput: {out['tokens_per_s']:.1f} tokens/s")
+        print(f"  peak resident memory (whole process): {peak:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,673 @@
+// The training loop (qkv/train.h): bitwise reproducibility, exact resume from a checkpoint,
+// checkpoint robustness, skipping of non-finite steps, clipping by global norm, gradient
+// accumulation and weight-decay selection. The learning tests (a model that actually learns)
+// are in test_learn.cpp.
+//
+// Bitwise claims are checked bitwise (memcmp of the float bits). Where two computations differ
+// only in float rounding (accumulation over micro-batches versus one batch, a clipped gradient
+// versus the unclipped one times the coefficient) the bound is stated where it is used.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "error_testing.h"
+#include "qkv/model.h"
+#include "qkv/rng.h"
+#include "qkv/safetensors.h"
+#include "qkv/train.h"
+
+namespace qkv {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::error_of;
+
+// A fresh directory under the system temp directory, removed with everything in it at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::temp_directory_path() /
+            ("qkv_test_train." + std::to_string(::getpid()) + "." + tag + "." + (info ? info->name() : "x"));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string file(const std::string& name) const { return (path_ / name).string(); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// A small decoder-only LM with learned positions (so every parameter kind is present).
+ModelConfig small_decoder(double dropout) {
+  ModelConfig c;
+  c.arch = Arch::Decoder;
+  c.vocab_size = 16;
+  c.d_model = 16;
+  c.n_heads = 2;
+  c.d_ff = 32;
+  c.n_layers = 2;
+  c.max_len = 16;
+  c.positional = Positional::Learned;
+  c.pad_id = 0;
+  c.dropout = dropout;
+  c.init_std = 0.1;
+  return c;
+}
+
+// A language-model batch: B rows of T + 1 tokens drawn from [lo, hi), input = the first T,
+// target = the last T (no padding).
+Batch lm_batch(Rng& rng, int64_t B, int64_t T, int64_t lo, int64_t hi) {
+  std::vector<int64_t> in, tg;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<int64_t> row;
+    for (int64_t t = 0; t <= T; ++t) row.push_back(lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(hi - lo))));
+    in.insert(in.end(), row.begin(), row.end() - 1);
+    tg.insert(tg.end(), row.begin() + 1, row.end());
+  }
+  Batch batch;
+  batch.input = Tensor::from<int64_t>({B, T}, in);
+  batch.target = Tensor::from<int64_t>({B, T}, tg);
+  return batch;
+}
+
+// Rows of a and then rows of b (same T).
+Batch concat_rows(const Batch& a, const Batch& b) {
+  auto cat = [](const Tensor& x, const Tensor& y) {
+    const int64_t T = x.size(1);
+    std::vector<int64_t> v(x.data<int64_t>(), x.data<int64_t>() + x.numel());
+    v.insert(v.end(), y.data<int64_t>(), y.data<int64_t>() + y.numel());
+    return Tensor::from<int64_t>({x.size(0) + y.size(0), T}, v);
+  };
+  Batch c;
+  c.input = cat(a.input, b.input);
+  c.target = cat(a.target, b.target);
+  return c;
+}
+
+std::vector<Tensor> snapshot(const Model& m) {
+  std::vector<Tensor> out;
+  for (const Parameter& p : m.parameters()) out.push_back(p.var->value.clone());
+  return out;
+}
+
+// Every parameter of `m` has exactly the bits of `want` (NaN included).
+::testing::AssertionResult same_bits(const std::vector<Tensor>& want, const Model& m) {
+  const auto& ps = m.parameters();
+  if (want.size() != ps.size()) return ::testing::AssertionFailure() << "parameter count differs";
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Tensor& a = want[i];
+    const Tensor& b = ps[i].var->value;
+    if (a.shape() != b.shape()) return ::testing::AssertionFailure() << ps[i].name << ": shape differs";
+    for (int64_t j = 0; j < a.numel(); ++j)
+      if (std::memcmp(a.data<float>() + j, b.data<float>() + j, sizeof(float)) != 0)
+        return ::testing::AssertionFailure() << ps[i].name << "[" << j << "]: " << b.data<float>()[j] << ", expected "
+                                             << a.data<float>()[j] << " (bitwise)";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult same_bits(const Model& want, const Model& m) { return same_bits(snapshot(want), m); }
+
+// Every tensor of two safetensors files is bitwise equal (names and order included).
+::testing::AssertionResult same_tensors(const std::string& pa, const std::string& pb) {
+  const SafetensorsFile a = read_safetensors(pa), b = read_safetensors(pb);
+  if (a.tensors.size() != b.tensors.size()) return ::testing::AssertionFailure() << "tensor counts differ";
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& [na, ta] = a.tensors[i];
+    const auto& [nb, tb] = b.tensors[i];
+    if (na != nb || ta.shape() != tb.shape() || ta.dtype() != tb.dtype())
+      return ::testing::AssertionFailure() << "tensor " << i << ": " << na << " vs " << nb;
+    if (std::memcmp(ta.raw_data(), tb.raw_data(), ta.nbytes()) != 0)
+      return ::testing::AssertionFailure() << na << ": contents differ";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+bool any_differs(const std::vector<Tensor>& want, const Model& m) { return !same_bits(want, m); }
+
+// ---- reproducibility and exact resume ----------------------------------------------------------
+
+TEST(Train, SameSeedGivesBitwiseIdenticalLossesAndParameters) {
+  const ModelConfig cfg = small_decoder(0.1);  // dropout on: the masks must repeat too
+  auto run = [&](uint64_t seed, std::vector<double>* losses) {
+    Model m(cfg);
+    m.init(7);
+    TrainConfig tc;
+    tc.schedule.lr = 1e-2;
+    tc.seed = seed;
+    Trainer t(m, tc);
+    Rng data(3);
+    for (int s = 0; s < 5; ++s) {
+      const StepReport r = t.step({lm_batch(data, 4, 8, 1, 16)});
+      EXPECT_FALSE(r.skipped);
+      EXPECT_EQ(r.step, s + 1);
+      EXPECT_EQ(r.tokens, 32);
+      losses->push_back(r.loss);
+    }
+    return m;
+  };
+  std::vector<double> la, lb, lc;
+  const Model a = run(42, &la);
+  const Model b = run(42, &lb);
+  const Model c = run(43, &lc);
+  ASSERT_EQ(la.size(), 5u);
+  for (size_t i = 0; i < la.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(la[i]));
+    EXPECT_EQ(std::memcmp(&la[i], &lb[i], sizeof(double)), 0) << "step " << i + 1 << ": " << la[i] << " vs " << lb[i];
+  }
+  EXPECT_TRUE(same_bits(a, b));
+  // The seed selects the dropout masks: the very first loss already differs.
+  EXPECT_NE(la[0], lc[0]);
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_NE(la[i], lc[i]) << "step " << i + 1;
+  EXPECT_TRUE(!same_bits(a, c));
+}
+
+// The data of one step, drawn from the trainer's RNG (saved in checkpoints): below() for the
+// tokens and one normal() per step, so that after an odd number of steps the RNG holds a spare
+// normal that a resume must restore.
+Batch data_step(Rng& rng) {
+  Batch b = lm_batch(rng, 4, 8, 1, 16);
+  const double z = rng.normal();
+  b.input.data<int64_t>()[0] = 1 + static_cast<int64_t>(std::fabs(z) * 1000.0) % 15;
+  return b;
+}
+
+TrainConfig resume_config() {
+  TrainConfig tc;
+  tc.schedule.kind = ScheduleKind::WarmupCosine;
+  tc.schedule.lr = 2e-2;
+  tc.schedule.warmup = 2;
+  tc.schedule.total = 6;
+  tc.schedule.min_lr = 1e-3;
+  tc.clip_norm = 0.2;
+  tc.weight_decay = 0.1;
+  tc.seed = 99;
+  return tc;
+}
+
+TEST(Train, ResumeFromCheckpointIsExact) {
+  constexpr int N = 3;
+  const ModelConfig cfg = small_decoder(0.1);
+  const TrainConfig tc = resume_config();
+  TempDir dir("resume");
+  const std::string path = dir.file("ckpt.safetensors");
+  const std::string data_state = "{\"epoch\": 1, \"offset\": 96}\nline two \xc3\xa9";
+
+  // 2N steps in one go.
+  Model full(cfg);
+  full.init(11);
+  std::vector<StepReport> full_reports;
+  {
+    Trainer t(full, tc);
+    for (int s = 0; s < 2 * N; ++s) full_reports.push_back(t.step({data_step(t.rng())}));
+  }
+  int clipped = 0;
+  for (const StepReport& r : full_reports) {
+    EXPECT_FALSE(r.skipped);
+    clipped += r.grad_norm > tc.clip_norm;
+  }
+  EXPECT_GT(clipped, 0) << "clip_norm " << tc.clip_norm << " never bites: the test would not cover clipping";
+
+  // N steps, checkpoint, then a new model and trainer resume for N more.
+  {
+    Model first(cfg);
+    first.init(11);
+    Trainer t(first, tc);
+    for (int s = 0; s < N; ++s) {
+      const StepReport r = t.step({data_step(t.rng())});
+      EXPECT_EQ(std::memcmp(&r.loss, &full_reports[static_cast<size_t>(s)].loss, sizeof(double)), 0);
+    }
+    t.save_checkpoint(path, data_state);
+  }
+  const ModelConfig saved = checkpoint_model_config(path);
+  EXPECT_EQ(saved.to_json(), cfg.to_json());
+  Model resumed(saved);  // parameters zero until the checkpoint fills them
+  Trainer t(resumed, tc);
+  EXPECT_EQ(t.load_checkpoint(path), data_state);
+  EXPECT_EQ(t.steps_done(), N);
+  EXPECT_EQ(t.updates_done(), N);
+  for (int s = N; s < 2 * N; ++s) {
+    const StepReport r = t.step({data_step(t.rng())});
+    const StepReport& want = full_reports[static_cast<size_t>(s)];
+    EXPECT_EQ(r.step, want.step);
+    EXPECT_EQ(r.lr, want.lr);
+    EXPECT_EQ(std::memcmp(&r.loss, &want.loss, sizeof(double)), 0)
+        << "step " << s + 1 << ": resumed loss " << r.loss << ", uninterrupted " << want.loss;
+    EXPECT_EQ(std::memcmp(&r.grad_norm, &want.grad_norm, sizeof(double)), 0) << "step " << s + 1;
+  }
+  EXPECT_TRUE(same_bits(full, resumed));
+}
+
+// ---- checkpoint robustness ------------------------------------------------------------------------
+
+TEST(Train, TruncatedCheckpointIsAnErrorAndChangesNothing) {
+  const ModelConfig cfg = small_decoder(0.0);
+  TempDir dir("trunc");
+  Model m(cfg);
+  m.init(1);
+  Trainer t(m, resume_config());
+  Rng data(5);
+  for (int s = 0; s < 2; ++s) t.step({lm_batch(data, 2, 8, 1, 16)});
+  const std::string good = dir.file("good.safetensors");
+  t.save_checkpoint(good, "good");
+  t.step({lm_batch(data, 2, 8, 1, 16)});  // now the trainer's state differs from the file's
+  const std::string before = dir.file("before.safetensors");
+  t.save_checkpoint(before, "state");
+  const std::vector<Tensor> params = snapshot(m);
+  const std::string bytes = read_bytes(good);
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  const std::string bad = dir.file("bad.safetensors");
+  for (uintmax_t size : {uintmax_t{4}, uintmax_t{8 + header / 2}, uintmax_t{8 + header + 16},
+                         uintmax_t{bytes.size() / 2}, uintmax_t{bytes.size() - 1}}) {
+    SCOPED_TRACE("truncated to " + std::to_string(size) + " of " + std::to_string(bytes.size()) + " bytes");
+    fs::copy_file(good, bad, fs::copy_options::overwrite_existing);
+    fs::resize_file(bad, size);
+    const std::string e = error_of([&] { t.load_checkpoint(bad); });
+    EXPECT_NE(e.find(bad), std::string::npos) << e;
+    EXPECT_EQ(error_of([&] { checkpoint_model_config(bad); }).find(bad), 0u);
+    EXPECT_TRUE(same_bits(params, m));
+    EXPECT_EQ(t.steps_done(), 3);
+    EXPECT_EQ(t.updates_done(), 3);
+  }
+  // Moments, counters, RNG and all: what a save writes now is byte for byte what it wrote before.
+  const std::string after = dir.file("after.safetensors");
+  t.save_checkpoint(after, "state");
+  EXPECT_TRUE(read_bytes(before) == read_bytes(after));
+  // And the good file still loads.
+  EXPECT_EQ(t.load_checkpoint(good), "good");
+  EXPECT_EQ(t.steps_done(), 2);
+}
+
+TEST(Train, CheckpointOfAnotherConfigOrNotACheckpointIsRejected) {
+  TempDir dir("config");
+  Model m(small_decoder(0.0));
+  m.init(1);
+  Trainer t(m, TrainConfig{});
+  const std::string path = dir.file("ckpt.safetensors");
+  t.save_checkpoint(path);
+
+  ModelConfig other_cfg = small_decoder(0.0);
+  other_cfg.d_ff = 48;
+  Model other(other_cfg);
+  other.init(2);
+  const std::vector<Tensor> params = snapshot(other);
+  Trainer t2(other, TrainConfig{});
+  std::string e = error_of([&] { t2.load_checkpoint(path); });
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("model config differs"), std::string::npos) << e;
+  EXPECT_TRUE(same_bits(params, other));
+  EXPECT_EQ(t2.steps_done(), 0);
+
+  // Same shapes, different config (dropout) is also a different model.
+  Model same_shapes(small_decoder(0.25));
+  Trainer t3(same_shapes, TrainConfig{});
+  EXPECT_NE(error_of([&] { t3.load_checkpoint(path); }).find("model config differs"), std::string::npos);
+
+  // A model directory's weights file is safetensors but not a checkpoint.
+  m.save(dir.file("model"));
+  const std::string weights = dir.file("model/model.safetensors");
+  e = error_of([&] { t.load_checkpoint(weights); });
+  EXPECT_NE(e.find(weights + ": not a qkv checkpoint"), std::string::npos) << e;
+  EXPECT_NE(error_of([&] { checkpoint_model_config(weights); }).find("not a qkv checkpoint"), std::string::npos);
+  EXPECT_NE(error_of([&] { t.load_checkpoint(dir.file("missing.safetensors")); }).find(dir.file("missing.safetensors")),
+            std::string::npos);
+}
+
+TEST(Train, SaveOverwritesCompletelyAndLeavesNoTemporaryFiles) {
+  TempDir dir("overwrite");
+  Model m(small_decoder(0.0));
+  m.init(1);
+  Trainer t(m, TrainConfig{});
+  const std::string path = dir.file("ckpt.safetensors");
+  t.save_checkpoint(path, std::string(100000, 'x'));
+  const uintmax_t big = fs::file_size(path);
+  Rng data(1);
+  t.step({lm_batch(data, 2, 8, 1, 16)});
+  t.save_checkpoint(path, "short");
+  const uintmax_t small = fs::file_size(path);
+  EXPECT_LT(small + 90000, big);
+  // Byte for byte what a save to a fresh file writes: nothing of the old file survives.
+  const std::string fresh = dir.file("fresh.safetensors");
+  t.save_checkpoint(fresh, "short");
+  EXPECT_TRUE(read_bytes(path) == read_bytes(fresh));
+  EXPECT_EQ(t.load_checkpoint(path), "short");
+  EXPECT_EQ(t.steps_done(), 1);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt.safetensors", "fresh.safetensors"}));
+}
+
+// ---- non-finite steps -------------------------------------------------------------------------
+
+TEST(Train, NonFiniteLossSkipsTheStepAndTouchesNothing) {
+  TempDir dir("nan");
+  Model m(small_decoder(0.0));
+  m.init(3);
+  Trainer t(m, resume_config());
+  Rng data(8);
+  // Tokens 1..7 only, so token 9's embedding row is used only where the test puts it.
+  Batch clean = lm_batch(data, 2, 8, 1, 8);
+  Batch dirty = lm_batch(data, 2, 8, 1, 8);
+  dirty.input.data<int64_t>()[5] = 9;
+  ASSERT_FALSE(t.step({clean}).skipped);  // non-zero moments from here on
+  const std::string before = dir.file("before.safetensors");
+  t.save_checkpoint(before);
+  const std::vector<Tensor> params = snapshot(m);
+
+  float* embed = m.parameters()[0].var->value.data<float>();
+  ASSERT_EQ(m.parameters()[0].name, "embed.weight");
+  float* poisoned = embed + 9 * 16 + 3;  // row 9, column 3
+  const float saved_value = *poisoned;
+  *poisoned = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<Tensor> poisoned_params = snapshot(m);
+
+  // The poisoned row is used only by the second micro-batch: the whole step is still skipped.
+  const StepReport r = t.step({clean, dirty});
+  EXPECT_TRUE(r.skipped);
+  EXPECT_FALSE(std::isfinite(r.loss));
+  EXPECT_EQ(r.step, 2);
+  EXPECT_EQ(t.steps_done(), 2);
+  EXPECT_EQ(t.updates_done(), 1);
+  EXPECT_EQ(t.skipped_steps(), 1);
+  EXPECT_TRUE(same_bits(poisoned_params, m));
+
+  *poisoned = saved_value;
+  EXPECT_TRUE(same_bits(params, m));
+  const std::string after = dir.file("after.safetensors");
+  t.save_checkpoint(after);
+  EXPECT_TRUE(same_tensors(before, after));  // parameters and both AdamW moments
+
+  const StepReport ok = t.step({clean, dirty});
+  EXPECT_FALSE(ok.skipped);
+  EXPECT_TRUE(std::isfinite(ok.loss));
+  EXPECT_TRUE(std::isfinite(ok.grad_norm));
+  EXPECT_GT(ok.grad_norm, 0.0);
+  EXPECT_EQ(ok.step, 3);
+  EXPECT_EQ(t.updates_done(), 2);
+  EXPECT_TRUE(any_differs(params, m));
+}
+
+// A channel the forward pass multiplies by zero: the final norm's output channel 0 is exactly 0
+// (scale and shift 0), so lm_head's column 0 can hold +-FLT_MAX and the logits and loss stay
+// finite. Backward sums those weights: d(norm out)[t, 0] = sum_v dlogits[t, v] W[v, 0], which is
+// 2 P(rows with +FLT_MAX) FLT_MAX / N per token (targets are rows 1..3, the -FLT_MAX rows), and
+// the norm's shift gradient adds that over the N tokens: about 1.6 FLT_MAX, so inf.
+TEST(Train, FiniteLossWithNonFiniteGradientIsSkipped) {
+  TempDir dir("inf");
+  Model m(small_decoder(0.0));
+  m.init(3);
+  Trainer t(m, TrainConfig{});
+  Rng data(8);
+  const Batch batch = lm_batch(data, 2, 8, 1, 4);
+  ASSERT_FALSE(t.step({batch}).skipped);
+  const std::string before = dir.file("before.safetensors");
+  t.save_checkpoint(before);
+  const std::vector<Tensor> params = snapshot(m);
+
+  const Parameter* head = m.find("lm_head.weight");
+  ASSERT_NE(head, nullptr);
+  ASSERT_NE(m.find("norm.weight"), nullptr);
+  m.find("norm.weight")->var->value.data<float>()[0] = 0.0f;
+  m.find("norm.bias")->var->value.data<float>()[0] = 0.0f;
+  const float big = std::numeric_limits<float>::max();
+  for (int64_t v = 0; v < 16; ++v) head->var->value.data<float>()[v * 16] = v >= 1 && v <= 3 ? -big : big;
+  const std::vector<Tensor> poisoned_params = snapshot(m);
+
+  const StepReport r = t.step({batch});
+  EXPECT_TRUE(std::isfinite(r.loss)) << r.loss;
+  EXPECT_FALSE(std::isfinite(r.grad_norm)) << r.grad_norm;
+  EXPECT_TRUE(r.skipped);
+  EXPECT_EQ(r.tokens, 16);
+  EXPECT_EQ(t.updates_done(), 1);
+  EXPECT_EQ(t.steps_done(), 2);
+  EXPECT_TRUE(same_bits(poisoned_params, m));
+  for (size_t i = 0; i < params.size(); ++i)
+    std::memcpy(m.parameters()[i].var->value.data<float>(), params[i].data<float>(), params[i].nbytes());
+  const std::string after = dir.file("after.safetensors");
+  t.save_checkpoint(after);
+  EXPECT_TRUE(same_tensors(before, after));
+
+  const StepReport ok = t.step({batch});
+  EXPECT_FALSE(ok.skipped);
+  EXPECT_TRUE(std::isfinite(ok.grad_norm));
+  EXPECT_EQ(t.updates_done(), 2);
+  EXPECT_TRUE(any_differs(params, m));
+}
+
+// ---- clipping ------------------------------------------------------------------------------------
+
+// After one step from zero moments, adam_m = (1 - beta1) g and adam_v = (1 - beta2) g^2 for the
+// gradient g the update used. So the clipped run's moments must be the unclipped run's times
+// coef and coef^2, coef = clip / (norm + 1e-6). Each side is a float product of O(1) relative
+// rounding (a few ulps), so the bound is 1e-6 relative to the element, plus 1e-30 absolute.
+TEST(Train, ClippingScalesTheGradientByClipOverNorm) {
+  TempDir dir("clip");
+  const ModelConfig cfg = small_decoder(0.0);
+  Rng data(4);
+  const Batch batch = lm_batch(data, 4, 8, 1, 16);
+  auto first_step = [&](double clip, const std::string& path) {
+    Model m(cfg);
+    m.init(9);
+    TrainConfig tc;
+    tc.clip_norm = clip;
+    Trainer t(m, tc);
+    const StepReport r = t.step({batch});
+    t.save_checkpoint(path);
+    return r;
+  };
+  const std::string free_path = dir.file("free.safetensors"), clip_path = dir.file("clip.safetensors"),
+                    loose_path = dir.file("loose.safetensors");
+  const StepReport free_run = first_step(0.0, free_path);
+  ASSERT_GT(free_run.grad_norm, 0.0);
+  const double clip = free_run.grad_norm / 8;
+  const StepReport clipped = first_step(clip, clip_path);
+  // The report gives the norm before clipping.
+  EXPECT_EQ(clipped.grad_norm, free_run.grad_norm);
+  EXPECT_EQ(clipped.loss, free_run.loss);
+  const double coef = clip / (free_run.grad_norm + 1e-6);
+  const SafetensorsFile a = read_safetensors(free_path), b = read_safetensors(clip_path);
+  int64_t checked = 0;
+  for (const auto& [name, ta] : a.tensors) {
+    const bool is_m = name.rfind("adam_m.", 0) == 0, is_v = name.rfind("adam_v.", 0) == 0;
+    if (!is_m && !is_v) continue;
+    const Tensor* tb = b.find(name);
+    ASSERT_NE(tb, nullptr) << name;
+    const double k = is_m ? coef : coef * coef;
+    for (int64_t i = 0; i < ta.numel(); ++i) {
+      const double want = k * ta.data<float>()[i], got = tb->data<float>()[i];
+      ASSERT_LE(std::fabs(got - want), 1e-6 * std::fabs(want) + 1e-30)
+          << name << "[" << i << "]: clipped " << got << ", unclipped x " << k << " = " << want;
+      checked += ta.data<float>()[i] != 0;
+    }
+  }
+  EXPECT_GT(checked, 1000);
+  // A limit above the norm changes nothing.
+  const StepReport loose = first_step(free_run.grad_norm * 2, loose_path);
+  EXPECT_EQ(loose.grad_norm, free_run.grad_norm);
+  EXPECT_TRUE(same_tensors(free_path, loose_path));
+}
+
+// ---- gradient accumulation ---------------------------------------------------------------------
+
+// Two micro-batches with the same number of counted tokens: the mean of their mean losses is the
+// mean over the concatenated batch, and so is the gradient. The two differ only in summation
+// order. Loss: 1e-6 relative. Gradient (seen as adam_m = (1 - beta1) g): 1e-5 of the tensor's
+// largest element. Parameters after the step: AdamW's first step moves each by
+// lr g / (|g| + eps), a smooth function of g whose slope is at most lr / eps. Some gradients
+// are zero in exact arithmetic (the key bias: softmax ignores a shift shared by all keys) and
+// hold only rounding noise, about 1e-11 here; eps = 1e-6 keeps that noise from being magnified
+// into a visible step (with eps = 1e-8 it moves such a bias by up to 4e-7). The bound is 1e-5
+// relative to the parameter plus 1e-7 absolute.
+TEST(Train, AccumulatingEqualMicroBatchesEqualsOneBatch) {
+  TempDir dir("accum");
+  const ModelConfig cfg = small_decoder(0.0);
+  Rng data(6);
+  const Batch b1 = lm_batch(data, 2, 8, 1, 16), b2 = lm_batch(data, 2, 8, 1, 16);
+  const Batch both = concat_rows(b1, b2);
+  TrainConfig tc;
+  tc.schedule.lr = 1e-3;
+  tc.eps = 1e-6;
+  Model ma(cfg), mb(cfg);
+  ma.init(2);
+  mb.init(2);
+  Trainer ta(ma, tc), tb(mb, tc);
+  const StepReport ra = ta.step({b1, b2});
+  const StepReport rb = tb.step({both});
+  EXPECT_EQ(ra.tokens, 32);
+  EXPECT_EQ(rb.tokens, 32);
+  EXPECT_NEAR(ra.loss, rb.loss, 1e-6 * rb.loss);
+  EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-5 * rb.grad_norm);
+  const std::string pa = dir.file("a.safetensors"), pb = dir.file("b.safetensors");
+  ta.save_checkpoint(pa);
+  tb.save_checkpoint(pb);
+  const SafetensorsFile fa = read_safetensors(pa), fb = read_safetensors(pb);
+  for (const auto& [name, x] : fa.tensors) {
+    const Tensor* y = fb.find(name);
+    ASSERT_NE(y, nullptr) << name;
+    if (name.rfind("adam_m.", 0) == 0) {
+      double big = 0;
+      for (int64_t i = 0; i < y->numel(); ++i) big = std::max(big, std::fabs(static_cast<double>(y->data<float>()[i])));
+      for (int64_t i = 0; i < x.numel(); ++i)
+        ASSERT_LE(std::fabs(x.data<float>()[i] - y->data<float>()[i]), 1e-5 * big)
+            << name << "[" << i << "]: accumulated " << x.data<float>()[i] << ", one batch " << y->data<float>()[i];
+    } else if (name.rfind("model.", 0) == 0) {
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        const double u = x.data<float>()[i], v = y->data<float>()[i];
+        ASSERT_LE(std::fabs(u - v), 1e-5 * std::fabs(v) + 1e-7) << name << "[" << i << "]: " << u << " vs " << v;
+      }
+    }
+  }
+  // Sanity: the step moved the parameters by about lr, far beyond the bound above.
+  Model fresh(cfg);
+  fresh.init(2);
+  EXPECT_NEAR(std::fabs(ma.find("lm_head.weight")->var->value.data<float>()[0] -
+                        fresh.find("lm_head.weight")->var->value.data<float>()[0]),
+              1e-3, 2e-4);
+}
+
+// ---- weight decay ------------------------------------------------------------------------------
+
+bool decays_by_name(const std::string& name) {
+  for (const char* suffix : {"in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "out_proj.weight",
+                             "linear1.weight", "linear2.weight", "lm_head.weight", "classifier.weight"}) {
+    const std::string s(suffix);
+    if (name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
+TEST(Train, WeightDecayFlagsExactlyTheProjectionMatrices) {
+  std::vector<ModelConfig> configs;
+  ModelConfig d = small_decoder(0.0);
+  configs.push_back(d);
+  d.fused_qkv = false;
+  d.activation = FeedForward::SwiGLU;
+  d.norm = NormKind::RMSNorm;
+  d.positional = Positional::Rope;
+  configs.push_back(d);
+  ModelConfig ed = small_decoder(0.0);
+  ed.arch = Arch::EncoderDecoder;
+  ed.n_encoder_layers = 1;
+  ed.n_decoder_layers = 1;
+  configs.push_back(ed);
+  ModelConfig cl = small_decoder(0.0);
+  cl.arch = Arch::EncoderClassifier;
+  cl.num_classes = 3;
+  configs.push_back(cl);
+  for (const ModelConfig& c : configs) {
+    Model m(c);
+    int decayed = 0;
+    for (const Parameter& p : m.parameters()) {
+      EXPECT_EQ(p.decay, decays_by_name(p.name)) << arch_name(c.arch) << ": " << p.name;
+      decayed += p.decay;
+    }
+    EXPECT_GT(decayed, 0);
+  }
+}
+
+// Same gradient, with and without weight decay: one AdamW step from the same start differs by
+// exactly the decoupled decay -lr wd p on decayed parameters, and not at all elsewhere. Rows of
+// the embedding that no token uses get no gradient: decay_all shrinks them by exactly (1 - lr wd).
+TEST(Train, WeightDecayAppliesOnlyToDecayParameters) {
+  const ModelConfig cfg = small_decoder(0.0);
+  Rng data(2);
+  const Batch batch = lm_batch(data, 2, 8, 1, 8);  // tokens 1..7: rows 0 and 8..15 unused
+  auto one_step = [&](double wd, bool decay_all) {
+    Model m(cfg);
+    m.init(4);
+    TrainConfig tc;
+    tc.schedule.lr = 0.1;
+    tc.weight_decay = wd;
+    tc.decay_all = decay_all;
+    Trainer t(m, tc);
+    EXPECT_FALSE(t.step({batch}).skipped);
+    return m;
+  };
+  Model init(cfg);
+  init.init(4);
+  const Model plain = one_step(0.0, false), decayed = one_step(0.5, false), all = one_step(0.5, true);
+  const double lr_wd = 0.1 * 0.5;
+  for (size_t i = 0; i < plain.parameters().size(); ++i) {
+    const Parameter& p = plain.parameters()[i];
+    const float* p0 = init.parameters()[i].var->value.data<float>();
+    const float* a = p.var->value.data<float>();
+    for (const Model* other : {&decayed, &all}) {
+      const bool expect_decay = other == &all || p.decay;
+      const float* b = other->parameters()[i].var->value.data<float>();
+      bool moved = false;
+      for (int64_t j = 0; j < p.var->value.numel(); ++j) {
+        if (!expect_decay) {
+          ASSERT_EQ(a[j], b[j]) << p.name << "[" << j << "] changed without decay";
+          continue;
+        }
+        // b - a = p0 (1 - lr wd) - p0 up to the rounding of the two sums.
+        const double want = -lr_wd * p0[j], got = static_cast<double>(b[j]) - a[j];
+        ASSERT_LE(std::fabs(got - want), 1e-6 * (std::fabs(a[j]) + std::fabs(p0[j])) + 1e-12)
+            << p.name << "[" << j << "]: decay moved it by " << got << ", expected " << want;
+        moved |= got != 0;
+      }
+      if (expect_decay && p.name.find("bias") == std::string::npos) {
+        EXPECT_TRUE(moved) << p.name;
+      }
+    }
+  }
+  // Unused embedding rows (no gradient): untouched by default, exactly p (1 - lr wd) with decay_all.
+  const float decay = static_cast<float>(1.0 - lr_wd);
+  const float* e0 = init.find("embed.weight")->var->value.data<float>();
+  const float* e_plain = decayed.find("embed.weight")->var->value.data<float>();
+  const float* e_all = all.find("embed.weight")->var->value.data<float>();
+  for (int64_t j = 8 * 16; j < 16 * 16; ++j) {
+    EXPECT_EQ(e_plain[j], e0[j]);
+    EXPECT_EQ(e_all[j], e0[j] * decay);
+  }
+}
+
+}  // namespace
+}  // namespace qkv
