@@ -23,10 +23,10 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
 
-// 64-byte aligned, zero-initialised bytes.
+// 64-byte aligned bytes, zero-initialised unless `zero` is false.
 class Storage {
  public:
-  explicit Storage(size_t bytes);
+  explicit Storage(size_t bytes, bool zero = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -44,6 +44,9 @@ class Tensor {
   // A new zero-filled, contiguous tensor.
   Tensor(std::vector<int64_t> shape, DType dtype);
   static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::F32) { return Tensor(std::move(shape), dtype); }
+  // A new contiguous tensor whose contents are unspecified: for outputs that are written in
+  // full before anything reads them (saves a pass over memory).
+  static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::F32);
   template <class T>
   static Tensor from(std::vector<int64_t> shape, const std::vector<T>& values);
 
@@ -81,6 +84,7 @@ class Tensor {
   std::string describe() const;  // "float32 (2, 3)"
 
  private:
+  Tensor(std::vector<int64_t> shape, DType dtype, bool zero);
   std::shared_ptr<Storage> storage_;
   std::vector<int64_t> shape_, strides_;
   int64_t offset_ = 0;  // in elements

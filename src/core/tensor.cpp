@@ -143,7 +143,7 @@ const char* dtype_name(DType t) {
 // ---------------------------------------------------------------------------------------------
 // Storage
 
-Storage::Storage(size_t bytes) {
+Storage::Storage(size_t bytes, bool zero) {
   if (bytes > std::numeric_limits<size_t>::max() - (kAlign - 1))
     fail("Storage: cannot allocate ", bytes, " bytes (size overflows when rounded up to ", kAlign, ")");
   // aligned_alloc needs a multiple of the alignment; a zero-size request still gets one line.
@@ -151,7 +151,7 @@ Storage::Storage(size_t bytes) {
   if (alloc == 0) alloc = kAlign;
   data_ = std::aligned_alloc(kAlign, alloc);
   if (data_ == nullptr) fail("Storage: cannot allocate ", bytes, " bytes (out of memory)");
-  std::memset(data_, 0, alloc);
+  if (zero) std::memset(data_, 0, alloc);
   bytes_ = bytes;
 }
 
@@ -160,7 +160,11 @@ Storage::~Storage() { std::free(data_); }
 // ---------------------------------------------------------------------------------------------
 // Tensor: construction and metadata
 
-Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : dtype_(dtype) {
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : Tensor(std::move(shape), dtype, true) {}
+
+Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype) { return Tensor(std::move(shape), dtype, false); }
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, bool zero) : dtype_(dtype) {
   const size_t item = dtype_size(dtype);
   for (int64_t d : shape)
     if (d < 0) fail("Tensor: negative dimension ", d, " in shape ", shape_str(shape), " (expected sizes >= 0)");
@@ -173,7 +177,7 @@ Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : dtype_(dtype) {
   if (mul_overflows(n, static_cast<int64_t>(item), &bytes))
     fail("Tensor: shape ", shape_str(shape), " of ", dtype_name(dtype), " is too large (byte count overflows int64)");
   shape_ = std::move(shape);
-  storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes));
+  storage_ = std::make_shared<Storage>(static_cast<size_t>(bytes), zero);
 }
 
 namespace {

@@ -24,7 +24,7 @@ namespace {
 // contiguous (B, T, heads, D) tensor.
 Tensor gather_heads(const Tensor& src, int64_t col, int64_t heads, int64_t D) {
   const int64_t B = src.size(0), T = src.size(1), W = src.size(2), w = heads * D;
-  Tensor out({B, T, heads, D}, DType::F32);
+  Tensor out = Tensor::empty({B, T, heads, D});
   const float* s = src.data<float>();
   float* o = out.data<float>();
 #pragma omp parallel for num_threads(num_threads()) schedule(static)

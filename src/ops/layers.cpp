@@ -240,7 +240,7 @@ Var layer_norm(Tape& tape, const Var& x, const Var& gamma, const Var& beta, floa
       const float* dY = out_grad(*y);
       if (!dY) return;
       // dx, dgamma, dbeta from the saved mean and rstd (kernels/norm.h)
-      Tensor dx({N, C}, DType::F32), dg({C}, DType::F32), db({C}, DType::F32);
+      Tensor dx = Tensor::empty({N, C}), dg = Tensor::empty({C}), db = Tensor::empty({C});
       kernels::layernorm_backward(x->value.data<float>(), gamma->value.data<float>(), mean.data<float>(),
                                   rstd.data<float>(), dY, dx.data<float>(), dg.data<float>(),
                                   beta ? db.data<float>() : nullptr, N, C, num_threads());
@@ -266,7 +266,7 @@ Var rms_norm(Tape& tape, const Var& x, const Var& gamma, float eps) {
     tape.push([x, gamma, y, rstd, N, C] {
       const float* dY = out_grad(*y);
       if (!dY) return;
-      Tensor dx({N, C}, DType::F32), dg({C}, DType::F32);
+      Tensor dx = Tensor::empty({N, C}), dg = Tensor::empty({C});
       kernels::rmsnorm_backward(x->value.data<float>(), gamma->value.data<float>(), rstd.data<float>(), dY,
                                 dx.data<float>(), dg.data<float>(), N, C, num_threads());
       if (needs_grad(x)) detail::accumulate_grad(*x, dx.data<float>());

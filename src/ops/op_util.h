@@ -19,7 +19,7 @@ Var new_output(std::vector<int64_t> shape, bool requires_grad);
 // The incoming gradient of an op's output, or nullptr when none reached it.
 inline const float* out_grad(const Node& out) { return out.has_grad ? out.grad.data<float>() : nullptr; }
 
-// Runs compute(dst), which overwrites dst with a gradient contribution of n.value.numel()
+// Runs compute(dst), which must overwrite all of dst with a gradient contribution of n.value.numel()
 // floats, then adds it into n's gradient (writing directly when n has none yet).
 template <class F>
 void into_grad(Node& n, F&& compute) {
@@ -29,7 +29,7 @@ void into_grad(Node& n, F&& compute) {
     compute(g);
     return;
   }
-  Tensor tmp(n.value.shape(), DType::F32);
+  Tensor tmp = Tensor::empty(n.value.shape(), DType::F32);
   float* t = tmp.data<float>();
   compute(t);
   const int64_t count = n.value.numel();

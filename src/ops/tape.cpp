@@ -14,7 +14,7 @@ void detail_add(float* dst, const float* src, int64_t n, bool add) { ops::detail
 }  // namespace
 
 float* Node::grad_dest(bool* add) {
-  if (!grad.defined() || grad.shape() != value.shape()) grad = Tensor(value.shape(), DType::F32);
+  if (!grad.defined() || grad.shape() != value.shape()) grad = Tensor::empty(value.shape(), DType::F32);
   *add = has_grad;
   has_grad = true;
   return grad.data<float>();
@@ -69,7 +69,7 @@ namespace ops::detail {
 
 Var new_output(std::vector<int64_t> shape, bool requires_grad) {
   auto n = std::make_shared<Node>();
-  n->value = Tensor(std::move(shape), DType::F32);
+  n->value = Tensor::empty(std::move(shape), DType::F32);  // every op writes all of its output
   n->requires_grad = requires_grad;
   return n;
 }
