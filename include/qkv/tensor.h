@@ -36,7 +36,12 @@ class Storage {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  size_t alloc_ = 0;  // bytes actually allocated (a multiple of 64)
 };
+
+// Storage keeps freed blocks of 256 KiB and more for reuse by the next tensor of the same size
+// (up to QKV_ALLOC_CACHE_MB, default 4096 MiB; 0 turns it off). This frees them; returns bytes.
+size_t release_cached_memory();
 
 class Tensor {
  public:
