@@ -408,6 +408,13 @@ TEST(Models, CausalDecoderIgnoresTheFuture) {
   EXPECT_GT(later, 0.0);
 }
 
+TEST(Models, ShiftRightIsTeacherForcing) {
+  const Tensor d = shift_right(ids_tensor({2, 3}, {5, 6, 7, 8, 9, 0}), 1);
+  const std::vector<int64_t> want = {1, 5, 6, 1, 8, 9};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(d.data<int64_t>()[i], want[static_cast<size_t>(i)]);
+  EXPECT_NE(error_of([] { shift_right(ids_tensor({3}, {1, 2, 3}), 1); }).find("must be (B, T)"), std::string::npos);
+}
+
 TEST(Models, ConfigJsonRoundTripAndStrictness) {
   ModelConfig c = tiny(Arch::EncoderDecoder);
   c.positional = Positional::Rope;

@@ -45,7 +45,7 @@ struct BatchFiles {
     c->add_option("--lengths", lengths, "Real lengths .npy (B) of right-padded rows (default: from pad_id)")
         ->check(CLI::ExistingFile);
     c->add_option("--decoder-input", decoder_input,
-                  "Encoder-decoder: decoder input ids .npy (B, T'), the target shifted right")
+                  "Encoder-decoder: decoder input ids .npy (B, T') (default: --target shifted right after bos_id)")
         ->check(CLI::ExistingFile);
     auto* t = c->add_option("--target", target, "Targets .npy: next tokens (B, T) / (B, T'), or labels (B)")
                   ->check(CLI::ExistingFile);
@@ -57,8 +57,12 @@ struct BatchFiles {
     if (!lengths.empty()) b.input_lengths = read_ids(lengths, "--lengths");
     if (!decoder_input.empty()) b.decoder_input = read_ids(decoder_input, "--decoder-input");
     if (!target.empty()) b.target = read_ids(target, "--target");
-    check(m.config().arch != Arch::EncoderDecoder || b.decoder_input.defined(),
-          "--decoder-input is required for an encoder-decoder model");
+    if (m.config().arch == Arch::EncoderDecoder && !b.decoder_input.defined()) {
+      check(b.target.defined() && m.config().bos_id >= 0,
+            "an encoder-decoder model needs --decoder-input, or --target and a bos_id in config.json (the "
+            "decoder input is then the target shifted right)");
+      b.decoder_input = shift_right(b.target, m.config().bos_id);
+    }
     return b;
   }
 };

@@ -139,6 +139,10 @@ class Model {
   std::unique_ptr<Impl> impl_;
 };
 
+// Teacher forcing: the decoder input for `target` (B, T) is [bos, target[:, :-1]], so position t
+// predicts target[t] having seen only the targets before it (under the causal mask).
+Tensor shift_right(const Tensor& target, int64_t bos_id);
+
 const char* arch_name(Arch a);
 const char* positional_name(Positional p);
 

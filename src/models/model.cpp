@@ -263,6 +263,21 @@ std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
   return out;
 }
 
+Tensor shift_right(const Tensor& target_in, int64_t bos_id) {
+  Tensor target = ops::as_ids(target_in, "shift_right target");
+  check(target.dim() == 2, "shift_right: target must be (B, T), got ", shape_str(target.shape()));
+  check(bos_id >= 0, "shift_right: needs a bos_id >= 0, got ", bos_id);
+  const int64_t B = target.size(0), T = target.size(1);
+  Tensor out({B, T}, DType::I64);
+  const int64_t* t = target.data<int64_t>();
+  int64_t* o = out.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    if (T > 0) o[b * T] = bos_id;
+    for (int64_t i = 1; i < T; ++i) o[b * T + i] = t[b * T + i - 1];
+  }
+  return out;
+}
+
 void Model::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& tensors, bool allow_missing) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) {

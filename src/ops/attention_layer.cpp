@@ -27,7 +27,7 @@ Tensor gather_heads(const Tensor& src, int64_t col, int64_t heads, int64_t D) {
   Tensor out = Tensor::empty({B, T, heads, D});
   const float* s = src.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * w)) schedule(static)
   for (int64_t r = 0; r < B * T; ++r) std::copy(s + r * W + col, s + r * W + col + w, o + r * w);
   return out;
 }
@@ -35,7 +35,7 @@ Tensor gather_heads(const Tensor& src, int64_t col, int64_t heads, int64_t D) {
 // (B, heads, T, D) contiguous  ->  added into columns col .. col + heads*D of dst (B, T, W).
 void scatter_add_heads(const float* g, float* dst, int64_t B, int64_t T, int64_t W, int64_t col, int64_t heads,
                        int64_t D) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * heads * D)) schedule(static)
   for (int64_t r = 0; r < B * T; ++r) {
     const int64_t b = r / T, t = r % T;
     float* d = dst + r * W + col;
@@ -100,7 +100,7 @@ Var attention(Tape& tape, const Var& q_src, const Var& k_src, const Var& v_src, 
   {
     const float* po = o.out.data<float>();
     float* py = y->value.data<float>();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * Tq * H * Dv)) schedule(static)
     for (int64_t r = 0; r < B * Tq; ++r) {
       const int64_t b = r / Tq, t = r % Tq;
       for (int64_t h = 0; h < H; ++h)
@@ -189,7 +189,7 @@ Var mean_pool(Tape& tape, const Var& x, const Tensor& lengths_in) {
   const float* px = X.data<float>();
   float* py = y->value.data<float>();
   // y[b] <- (1 / len_b) sum_{t < len_b} x[b, t]   (summed in double, in order)
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * C)) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = len[static_cast<size_t>(b)];
     for (int64_t c = 0; c < C; ++c) {
@@ -204,7 +204,7 @@ Var mean_pool(Tape& tape, const Var& x, const Tensor& lengths_in) {
       if (!dY) return;
       // dx[b, t] <- dy[b] / len_b for t < len_b, else 0
       into_grad(*x, [&](float* dX) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * C)) schedule(static)
         for (int64_t b = 0; b < B; ++b) {
           const int64_t n = len[static_cast<size_t>(b)];
           const float inv = n > 0 ? static_cast<float>(1.0 / static_cast<double>(n)) : 0.0f;

@@ -73,7 +73,7 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
   }
   if (b) {
     const float* bias = b->value.data<float>() + bias_begin;
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(N * Out)) schedule(static)
     for (int64_t i = 0; i < N; ++i)
       for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
   }
@@ -116,7 +116,7 @@ Var add(Tape& tape, const Var& a, const Var& b) {
   const int64_t n = A.numel();
   const float *pa = A.data<float>(), *pb = Bv.data<float>();
   float* py = y->value.data<float>();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) py[i] = pa[i] + pb[i];
   if (y->requires_grad) {
     tape.push([a, b, y, n] {
@@ -136,7 +136,7 @@ Var scale(Tape& tape, const Var& x, float s) {
   const int64_t n = X.numel();
   const float* px = X.data<float>();
   float* py = y->value.data<float>();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
   for (int64_t i = 0; i < n; ++i) py[i] = s * px[i];
   if (y->requires_grad) {
     tape.push([x, y, n, s] {
@@ -144,7 +144,7 @@ Var scale(Tape& tape, const Var& x, float s) {
       if (!dY) return;
       // dx <- s dy
       into_grad(*x, [&](float* dX) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(n)) schedule(static)
         for (int64_t i = 0; i < n; ++i) dX[i] = s * dY[i];
       });
     });
@@ -188,7 +188,7 @@ Var add_positions(Tape& tape, const Var& x, const Var& table, int64_t offset) {
   Var y = new_output(X.shape(), needs_grad(x) || needs_grad(table));
   const float *px = X.data<float>(), *pp = P.data<float>() + offset * C;
   float* py = y->value.data<float>();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * C)) schedule(static)
   for (int64_t r = 0; r < B * T; ++r)
     for (int64_t c = 0; c < C; ++c) py[r * C + c] = px[r * C + c] + pp[(r % T) * C + c];
   if (y->requires_grad) {
@@ -200,7 +200,7 @@ Var add_positions(Tape& tape, const Var& x, const Var& table, int64_t offset) {
       // dtable[offset + t] += sum_b dy[b, t]
       if (needs_grad(table)) {
         float* dP = grad_accum(*table) + offset * C;
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(B * T * C)) schedule(static)
         for (int64_t t = 0; t < T; ++t)
           for (int64_t b = 0; b < B; ++b)
             for (int64_t c = 0; c < C; ++c) dP[t * C + c] += dY[(b * T + t) * C + c];
@@ -315,7 +315,7 @@ Var swiglu(Tape& tape, const Var& x) {
   const float* px = X.data<float>();
   float* py = y->value.data<float>();
   // y[i] <- silu(x[i, :F]) * x[i, F:]
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(N * F)) schedule(static)
   for (int64_t i = 0; i < N; ++i) kernels::swiglu_forward(px + i * 2 * F, px + i * 2 * F + F, py + i * F, F, 1);
   if (y->requires_grad) {
     tape.push([x, y, N, F] {
@@ -323,7 +323,7 @@ Var swiglu(Tape& tape, const Var& x) {
       if (!dY) return;
       const float* px2 = x->value.data<float>();
       into_grad(*x, [&](float* dX) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(N * F)) schedule(static)
         for (int64_t i = 0; i < N; ++i)
           kernels::swiglu_backward(px2 + i * 2 * F, px2 + i * 2 * F + F, dY + i * F, dX + i * 2 * F,
                                    dX + i * 2 * F + F, F, 1);

@@ -13,6 +13,10 @@ namespace qkv::ops::detail {
 
 inline bool needs_grad(const Var& v) { return v && v->requires_grad; }
 
+// Threads for a loop over `work` elements: one below 16384 (a parallel region costs more than
+// it saves there, and far more when the cores are shared with other processes).
+inline int threads_for(int64_t work) { return work < (int64_t{1} << 14) ? 1 : num_threads(); }
+
 // A new output node of the given shape whose requires_grad is set when any input needs grad.
 Var new_output(std::vector<int64_t> shape, bool requires_grad);
 
@@ -33,7 +37,7 @@ void into_grad(Node& n, F&& compute) {
   float* t = tmp.data<float>();
   compute(t);
   const int64_t count = n.value.numel();
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(count)) schedule(static)
   for (int64_t i = 0; i < count; ++i) g[i] += t[i];
 }
 

@@ -89,7 +89,7 @@ void accumulate_grad(Node& n, const float* src) {
 
 void add_or_copy(float* dst, const float* src, int64_t count, bool add) {
   if (add) {
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(count)) schedule(static)
     for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
   } else if (count > 0) {
     std::copy(src, src + count, dst);
@@ -99,7 +99,7 @@ void add_or_copy(float* dst, const float* src, int64_t count, bool add) {
 void column_sums(const float* x, int64_t N, int64_t C, float* col_sum, bool add) {
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (C + kBlock - 1) / kBlock;
-#pragma omp parallel for num_threads(num_threads()) schedule(static)
+#pragma omp parallel for num_threads(detail::threads_for(N * C)) schedule(static)
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const int64_t j0 = blk * kBlock, j1 = std::min(C, j0 + kBlock);
     double acc[kBlock] = {};

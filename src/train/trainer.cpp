@@ -107,7 +107,7 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
       for (Parameter& p : params) {
         float* g = p.var->grad.data<float>();
         const int64_t n = p.var->value.numel();
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(n < (int64_t{1} << 14) ? 1 : threads) schedule(static)
         for (int64_t i = 0; i < n; ++i) g[i] *= c;
       }
     }
