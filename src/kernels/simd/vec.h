@@ -10,8 +10,18 @@
 #ifndef QKV_VEC_WIDTH
 #error "QKV_VEC_WIDTH must be defined by the build (4, 8 or 16)"
 #endif
+#ifndef QKV_ISA
+#error "QKV_ISA must be defined by the build (generic, avx2, avx512 or w16avx2)"
+#endif
 
 namespace qkv::simd {
+// One copy per ISA: the inline namespace QKV_ISA gives each translation unit's functions their
+// own symbols. Without it, load(const float*) and set1(float) have the same mangled name at
+// every width, and fma(vf, vf, vf) the same name for avx512 and w16avx2; where the compiler does
+// not inline them (any -O0 build) they are weak symbols, the linker keeps one, and the other
+// ISAs' kernels run it: wrong widths (a Debug build's AVX2 attention ignored key padding) or
+// AVX-512 instructions on an AVX2-only CPU.
+inline namespace QKV_ISA {
 
 constexpr int W = QKV_VEC_WIDTH;
 typedef float vf __attribute__((vector_size(W * sizeof(float))));
@@ -75,4 +85,5 @@ inline vf exp(vf x) {
   return x != x ? x : y;
 }
 
+}  // namespace QKV_ISA
 }  // namespace qkv::simd
