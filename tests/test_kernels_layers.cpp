@@ -163,8 +163,11 @@ double act_ref(Activation a, double x) {
     case Activation::GeluErf:
       return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
     case Activation::GeluTanh: {
-      const double pi = std::acos(-1.0);
-      return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (x + 0.044715 * x * x * x)));
+      // 0.5 x (1 + tanh(u)) written as x / (1 + exp(-2u)): the same function, but without the
+      // cancellation in 1 + tanh(u) that makes the first form inaccurate in double for u < -10.
+      const long double pi = std::acos(-1.0L), v = x;
+      const long double u = std::sqrt(2.0L / pi) * (v + 0.044715L * v * v * v);
+      return static_cast<double>(v / (1.0L + std::exp(-2.0L * u)));
     }
   }
   return 0;
