@@ -16,6 +16,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -62,7 +63,8 @@ class Base(nn.Module):
     def __init__(self, V=32000, D=512, H=8, L=6, F_=2048):
         super().__init__()
         self.D = D
-        self.embed = nn.Embedding(V, D)
+        self.src_embed = nn.Embedding(V, D)  # as qkv: separate source and target tables,
+        self.embed = nn.Embedding(V, D)      # the target one tied to the output projection
         self.transformer = nn.Transformer(D, H, L, L, F_, dropout=0.0, batch_first=True)
         self.lm_head = nn.Linear(D, V, bias=False)
         self.lm_head.weight = self.embed.weight
@@ -77,7 +79,7 @@ class Base(nn.Module):
         return pe.float()
 
     def forward(self, src, tgt):
-        s = self.embed(src) * math.sqrt(self.D) + self.pe(src.shape[1])
+        s = self.src_embed(src) * math.sqrt(self.D) + self.pe(src.shape[1])
         t = self.embed(tgt) * math.sqrt(self.D) + self.pe(tgt.shape[1])
         T = tgt.shape[1]
         mask = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
@@ -91,7 +93,7 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.threads > 0:
