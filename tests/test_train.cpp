@@ -275,6 +275,47 @@ TEST(Train, ResumeFromCheckpointIsExact) {
 
 // ---- checkpoint robustness ------------------------------------------------------------------------
 
+TEST(Train, ResumeRestoresTheTrainingSettings) {
+  // A trainer built with default settings takes the checkpoint's schedule, AdamW, clipping,
+  // smoothing and seed, so `qkv train --resume` cannot continue with different ones by accident.
+  TempDir dir("settings");
+  const std::string path = dir.file("ckpt.safetensors");
+  Model a(small_decoder(0.0));
+  a.init(3);
+  TrainConfig tc;
+  tc.schedule.kind = ScheduleKind::WarmupCosine;
+  tc.schedule.lr = 2e-3;
+  tc.schedule.warmup = 2;
+  tc.schedule.total = 9;
+  tc.schedule.min_lr = 1e-5;
+  tc.beta1 = 0.8;
+  tc.beta2 = 0.95;
+  tc.eps = 1e-7;
+  tc.weight_decay = 0.3;
+  tc.decay_all = true;
+  tc.clip_norm = 0.7;
+  tc.label_smoothing = 0.1f;
+  tc.seed = 1234;
+  Trainer(a, tc).save_checkpoint(path);
+  Model b(small_decoder(0.0));
+  Trainer t(b, TrainConfig{});
+  t.load_checkpoint(path);
+  const TrainConfig& r = t.config();
+  EXPECT_EQ(r.schedule.kind, ScheduleKind::WarmupCosine);
+  EXPECT_EQ(r.schedule.lr, 2e-3);
+  EXPECT_EQ(r.schedule.warmup, 2);
+  EXPECT_EQ(r.schedule.total, 9);
+  EXPECT_EQ(r.schedule.min_lr, 1e-5);
+  EXPECT_EQ(r.beta1, 0.8);
+  EXPECT_EQ(r.beta2, 0.95);
+  EXPECT_EQ(r.eps, 1e-7);
+  EXPECT_EQ(r.weight_decay, 0.3);
+  EXPECT_TRUE(r.decay_all);
+  EXPECT_EQ(r.clip_norm, 0.7);
+  EXPECT_EQ(r.label_smoothing, 0.1f);
+  EXPECT_EQ(r.seed, 1234u);
+}
+
 TEST(Train, TruncatedCheckpointIsAnErrorAndChangesNothing) {
   const ModelConfig cfg = small_decoder(0.0);
   TempDir dir("trunc");

@@ -176,6 +176,7 @@ int run_train(TrainCmd& o) {
   o.cfg.schedule.min_lr = o.min_lr;
   if (o.cfg.schedule.kind == ScheduleKind::InverseSqrt) o.cfg.schedule.d_model = 0;
   Trainer trainer(m, o.cfg);
+  // A resumed run continues with the checkpoint's own settings (schedule, AdamW, clipping, seed).
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
   const Batch b = o.batch.load(m);
   check(b.target.defined(), "--target is required");
@@ -253,7 +254,9 @@ Runner add_train(CLI::App& app) {
   auto o = std::make_shared<TrainCmd>();
   CLI::App* c = app.add_subcommand("train", "Train a model on one batch with AdamW (overfitting, optimiser checks)");
   c->add_option("--model", o->model, "Model directory to start from");
-  c->add_option("--resume", o->resume, "Resume from a checkpoint instead of --model")->check(CLI::ExistingFile);
+  c->add_option("--resume", o->resume,
+                "Resume from a checkpoint instead of --model (its schedule and optimiser settings are used)")
+      ->check(CLI::ExistingFile);
   o->batch.add(c, true);
   c->add_option("--steps", o->steps, "Optimiser steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   c->add_option("--lr", o->lr, "Peak learning rate");

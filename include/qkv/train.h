@@ -55,8 +55,10 @@ class Trainer {
   // "adam_v.<name>"), and metadata (config, step counters, schedule, RNG state, `data_state`).
   // Written atomically: temporary file, fsync, rename.
   void save_checkpoint(const std::string& path, const std::string& data_state = "") const;
-  // Restores everything save_checkpoint wrote into this trainer and its model, and returns the
-  // data_state string. The model's config must equal the checkpoint's.
+  // Restores everything save_checkpoint wrote into this trainer and its model (including the
+  // training settings: schedule, AdamW hyper-parameters, clipping, label smoothing, seed, which
+  // replace this trainer's), and returns the data_state string. The model's config must equal
+  // the checkpoint's. On any error nothing is changed.
   std::string load_checkpoint(const std::string& path);
 
  private:

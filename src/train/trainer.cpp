@@ -206,9 +206,25 @@ std::string Trainer::load_checkpoint(const std::string& path) {
   const json rng = meta_json(f, "rng", path);
   Rng::State s{};
   int64_t step = 0, updates = 0;
+  TrainConfig cfg;
   try {
     step = train.at("step").get<int64_t>();
     updates = train.at("updates").get<int64_t>();
+    const json& sc = train.at("schedule");
+    cfg.schedule.kind = parse_schedule_kind(sc.at("kind").get<std::string>());
+    cfg.schedule.lr = sc.at("lr").get<double>();
+    cfg.schedule.warmup = sc.at("warmup").get<int64_t>();
+    cfg.schedule.total = sc.at("total").get<int64_t>();
+    cfg.schedule.min_lr = sc.at("min_lr").get<double>();
+    cfg.schedule.d_model = sc.at("d_model").get<int64_t>();
+    cfg.beta1 = train.at("beta1").get<double>();
+    cfg.beta2 = train.at("beta2").get<double>();
+    cfg.eps = train.at("eps").get<double>();
+    cfg.weight_decay = train.at("weight_decay").get<double>();
+    cfg.decay_all = train.at("decay_all").get<bool>();
+    cfg.clip_norm = train.at("clip_norm").get<double>();
+    cfg.label_smoothing = train.at("label_smoothing").get<float>();
+    cfg.seed = train.at("seed").get<uint64_t>();
     for (int i = 0; i < 4; ++i) s.s[i] = rng.at("s").at(static_cast<size_t>(i)).get<uint64_t>();
     s.has_spare = rng.at("has_spare").get<bool>();
     const uint64_t bits = rng.at("spare_bits").get<uint64_t>();
@@ -217,6 +233,11 @@ std::string Trainer::load_checkpoint(const std::string& path) {
     throw Error(detail::concat(path, ": checkpoint metadata is malformed: ", e.what()));
   }
   check(step >= 0 && updates >= 0 && updates <= step, path, ": checkpoint step counters are inconsistent");
+  try {
+    validate(cfg);
+  } catch (const Error& e) {
+    throw Error(detail::concat(path, ": checkpoint training settings are invalid: ", e.what()));
+  }
   // Everything validated: now change state.
   model_.load_state_dict(weights);
   for (size_t i = 0; i < params.size(); ++i) {
@@ -225,6 +246,7 @@ std::string Trainer::load_checkpoint(const std::string& path) {
   }
   step_ = step;
   updates_ = updates;
+  config_ = cfg;
   rng_.set_state(s);
   auto d = f.metadata.find("data");
   return d == f.metadata.end() ? std::string() : d->second;
