@@ -9,6 +9,9 @@ jobs=$(nproc 2>/dev/null || echo 2)
 scripts/install-deps.sh
 echo "== build (Release)"
 scripts/build.sh
+# ctest runs tests side by side; OpenMP threads that spin while they wait would then fight over
+# the cores (one learning test took 215 s instead of a few). Passive waiting changes no result.
+export OMP_WAIT_POLICY=passive
 echo "== tests (Release)"
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
 
