@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace qkv::kernels {
 namespace {
@@ -27,21 +28,30 @@ double sigmoid(double v) {
   return v >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
 }
 
-// exp(x) in double, for the GELU-tanh loops below: inline, without calls into libm (libm's
-// scalar tanh and expm1 took a tenth of a GPT-2 training step). GCC 12 does not vectorise these
-// loops ("control flow" from the clamps), so they run scalar; still about twice as fast.
-// x = n ln2 + r with |r| <= ln2/2 (n rounded through the 1.5 * 2^52 trick: no float-to-int
-// conversion, so NaN passes through), exp(r) by its Taylor series to r^11 (truncation error
-// below 1e-13 relative), then 2^n through the exponent bits. Arguments are clamped to
-// [-700, 700]; the callers only need exp to be huge or tiny beyond that.
-inline double exp_clamped(double x) {
+// GELU-tanh runs on explicit vectors of 4 doubles (GCC vector extensions; SSE2 pairs in the
+// default build, AVX2 with FMA in the x86-64-v3 clone, picked by CPU features at load time): libm's scalar tanh
+// and expm1 took a tenth of a GPT-2 training step, and GCC 12 does not auto-vectorise these
+// loops.
+// The 32-byte vectors pass between inline helpers of this file only, so the ABI note GCC gives
+// for them in the non-AVX build does not apply (CMakeLists.txt: -Wno-psabi for this file).
+typedef double vd4 __attribute__((vector_size(4 * sizeof(double))));
+typedef int64_t vl4 __attribute__((vector_size(4 * sizeof(int64_t))));
+
+inline vd4 splat(double x) { return vd4{x, x, x, x}; }
+
+// exp(x), lanewise: x = n ln2 + r with |r| <= ln2/2 (n rounded through the 1.5 * 2^52 trick),
+// exp(r) by its Taylor series to r^11 (truncation error below 1e-13 relative), then 2^n through
+// the exponent bits. Arguments are clamped to [-700, 700] first (NaN stays NaN: the compare is
+// false); the callers only need exp to be huge or tiny beyond that.
+inline vd4 exp_clamped(vd4 x) {
   constexpr double kLog2e = 1.4426950408889634074, kLn2Hi = 0.693147180369123816490,
                    kLn2Lo = 1.90821492927058770002e-10, kShift = 6755399441055744.0;  // 1.5 * 2^52
-  x = std::min(std::max(x, -700.0), 700.0);  // NaN stays NaN (std::max returns its first argument)
-  const double t = x * kLog2e + kShift;
-  const double n = t - kShift;
-  const double r = (x - n * kLn2Hi) - n * kLn2Lo;
-  double p = 1.0 / 39916800.0;
+  x = x < splat(-700.0) ? splat(-700.0) : x;
+  x = x > splat(700.0) ? splat(700.0) : x;
+  const vd4 t = x * kLog2e + kShift;
+  const vd4 n = t - kShift;
+  const vd4 r = (x - n * kLn2Hi) - n * kLn2Lo;
+  vd4 p = splat(1.0 / 39916800.0);
   p = p * r + 1.0 / 3628800.0;
   p = p * r + 1.0 / 362880.0;
   p = p * r + 1.0 / 40320.0;
@@ -53,39 +63,67 @@ inline double exp_clamped(double x) {
   p = p * r + 0.5;
   p = p * r + 1.0;
   p = p * r + 1.0;
-  // 2^n: n sits in the low bits of t's mantissa.
-  const int64_t ni = static_cast<int64_t>(std::bit_cast<uint64_t>(t) & 0xFFFFFFFFull) - 0x80000000ll;
-  const double scale = std::bit_cast<double>(static_cast<uint64_t>(ni + 1023) << 52);
-  return p * scale;
+  // 2^n: n sits in the low 32 bits of t's mantissa, offset by 2^31.
+  const vl4 ni = (std::bit_cast<vl4>(t) & 0xFFFFFFFFll) - 0x80000000ll;
+  return p * std::bit_cast<vd4>((ni + 1023) << 52);
+}
+
+// Loads up to 4 floats as doubles (missing lanes 0) and stores lanes back; whole vectors in one
+// conversion.
+typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
+inline vd4 load4(const float* p, int64_t k) {
+  vf4 f = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (k == 4) {
+    std::memcpy(&f, p, sizeof f);
+  } else {
+    for (int64_t j = 0; j < k; ++j) f[j] = p[j];
+  }
+  return __builtin_convertvector(f, vd4);
+}
+inline void store4(float* p, vd4 v, int64_t k) {
+  const vf4 f = __builtin_convertvector(v, vf4);
+  if (k == 4) {
+    std::memcpy(p, &f, sizeof f);
+  } else {
+    for (int64_t j = 0; j < k; ++j) p[j] = f[j];
+  }
 }
 
 // GELU-tanh as y = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), since
 // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation near tanh = -1. Computed in double and rounded
 // once. u comes from x clamped to [-1e4, 1e4], where sigmoid(2u) is already exactly 0 or 1 in
-// double, so every intermediate stays finite and the loop needs no branches; a NaN x gives NaN.
-__attribute__((target_clones("arch=haswell", "default")))
+// double, so every intermediate stays finite; a NaN x gives NaN.
+inline vd4 clamp_x(vd4 v) {
+  v = v < splat(-1e4) ? splat(-1e4) : v;
+  return v > splat(1e4) ? splat(1e4) : v;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
 void gelu_tanh_forward_block(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = x[i];
-    const double vc = std::min(std::max(v, -1e4), 1e4);
-    const double u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
-    const double s = 1.0 / (1.0 + exp_clamped(-2.0 * u));
-    y[i] = static_cast<float>(v * s);
+  for (int64_t i = 0; i < n; i += 4) {
+    const int64_t k = std::min<int64_t>(4, n - i);
+    const vd4 v = load4(x + i, k);
+    const vd4 vc = clamp_x(v);
+    const vd4 u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
+    const vd4 s = 1.0 / (1.0 + exp_clamped(-2.0 * u));
+    store4(y + i, v * s, k);
   }
 }
 
 // d/dx [x sigmoid(2u)] = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2), with
 // 1 - s = s e, e = exp(-2u) (no cancellation). Where s saturates, s (1 - s) is ~1e-304 and the
 // second term vanishes in the rounding to float.
-__attribute__((target_clones("arch=haswell", "default")))
+__attribute__((target_clones("arch=x86-64-v3", "default")))
 void gelu_tanh_backward_block(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = std::min(std::max(static_cast<double>(x[i]), -1e4), 1e4);
-    const double u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    const double e = exp_clamped(-2.0 * u);
-    const double s = 1.0 / (1.0 + e);
-    const double du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * v * v);
-    dx[i] = static_cast<float>(dy[i] * (s + 2.0 * v * (s * s * e) * du));
+  for (int64_t i = 0; i < n; i += 4) {
+    const int64_t k = std::min<int64_t>(4, n - i);
+    const vd4 v = clamp_x(load4(x + i, k));
+    const vd4 g = load4(dy + i, k);
+    const vd4 u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
+    const vd4 e = exp_clamped(-2.0 * u);
+    const vd4 s = 1.0 / (1.0 + e);
+    const vd4 du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * v * v);
+    store4(dx + i, g * (s + 2.0 * v * (s * s * e) * du), k);
   }
 }
 

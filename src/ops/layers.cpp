@@ -92,12 +92,19 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
                 add ? 1.0f : 0.0f, dX, In);
         }
       }
-      // dW[r0:r1] += dy^T x
-      if (needs_grad(w) && In > 0) {
-        float* dW = grad_accum(*w) + row_begin * In;
-        if (N > 0) sgemm(true, false, Out, In, N, 1.0f, dY, Out, x->value.data<float>(), In, 1.0f, dW, In);
-      } else if (needs_grad(w)) {
-        grad_accum(*w);
+      // dW[r0:r1] += dy^T x   (written directly, without zeroing first, when these rows are
+      // the whole weight and it holds no gradient yet)
+      if (needs_grad(w)) {
+        const bool whole = row_begin == 0 && Out == w->value.size(0) && N > 0;
+        bool add = true;
+        float* dW = nullptr;
+        if (whole) {
+          dW = w->grad_dest(&add);
+        } else {
+          dW = grad_accum(*w) + row_begin * In;
+        }
+        if (N > 0 && In > 0)
+          sgemm(true, false, Out, In, N, 1.0f, dY, Out, x->value.data<float>(), In, add ? 1.0f : 0.0f, dW, In);
       }
       // db[r0:r1] += sum over rows of dy
       if (needs_grad(b)) detail::column_sums(dY, N, Out, grad_accum(*b) + bias_begin, true);
