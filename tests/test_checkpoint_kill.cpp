@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "file_testing.h"
 #include "qkv/model.h"
 #include "qkv/train.h"
 
@@ -53,9 +54,8 @@ ModelConfig config() {
 }
 
 TEST(Checkpoint, SurvivesSigkillAtAnyMoment) {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("qkv_kill_" + std::to_string(::getpid()))).string();
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/train.ckpt";
+  const testing::TempDir dir("kill");
+  const std::string path = dir / "train.ckpt";
   {
     Model m(config());
     m.init(1);
@@ -96,11 +96,9 @@ TEST(Checkpoint, SurvivesSigkillAtAnyMoment) {
   EXPECT_EQ(kills_mid_run, 12);
   EXPECT_GT(last_step, 0) << "the children never completed a step";
   // A kill inside a write leaves that write's temporary file behind (the target is untouched).
-  int leftovers = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) leftovers += e.path().filename() != "train.ckpt";
+  const int leftovers = static_cast<int>(dir.entries().size()) - 1;
   std::printf("12 kills, checkpoint loadable after each; reached step %lld; %d kills landed inside a write\n",
               static_cast<long long>(last_step), leftovers);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -17,12 +17,16 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "file_testing.h"
 #include "qkv/npy.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using qkv::DType;
+using qkv::testing::read_bytes;
+using qkv::testing::TempDir;
+using qkv::testing::write_bytes;
 using qkv::Tensor;
 using namespace std::string_literals;
 
@@ -30,45 +34,6 @@ const char kPython[] = "/usr/bin/python3";  // the system Python, which has NumP
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "qkv_npy_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // Runs `script` with the system Python and NumPy; returns the exit status.
 int run_python(const TempDir& dir, const std::string& script) {
@@ -195,7 +160,7 @@ const std::vector<std::vector<int64_t>> kShapes = {
 // Round trips
 
 TEST(Npy, RoundTripEveryDtypeAndRank) {
-  TempDir dir;
+  TempDir dir("npy");
   for (DType dt : kDtypes) {
     for (const auto& shape : kShapes) {
       const Tensor t = sample(dt, shape);
@@ -318,7 +283,7 @@ std::string python_name_fn() {
 }
 
 TEST(NpyNumpy, OurBytesEqualNumpysAndWeReadThem) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::string script = std::string(kPySample) + python_cases() + python_name_fn() +
                              "d = sys.argv[1] if len(sys.argv) > 1 else '" + dir.path().string() +
                              "'\n"
@@ -341,7 +306,7 @@ TEST(NpyNumpy, OurBytesEqualNumpysAndWeReadThem) {
 }
 
 TEST(NpyNumpy, NumpyReadsOurFiles) {
-  TempDir dir;
+  TempDir dir("npy");
   for (DType dt : kDtypes) {
     for (const auto& shape : kShapes) {
       // Same values, but stored column-major, so the writer has to make the contiguous copy.
@@ -365,7 +330,7 @@ TEST(NpyNumpy, NumpyReadsOurFiles) {
 }
 
 TEST(NpyNumpy, FortranOrderAndVersions2And3FromNumpy) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::vector<std::vector<int64_t>> shapes = {{2, 3}, {2, 3, 4}, {3, 1, 2, 2}, {4, 5}};
   std::string cases = "FCASES = [";
   for (DType dt : kDtypes)
@@ -525,7 +490,7 @@ TEST(NpyErrors, EveryTruncationAndManyCorruptionsAreCleanErrors) {
 // Files: reading errors and atomic writes
 
 TEST(NpyFiles, MissingOrUnreadableFiles) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::string missing = dir / "nope.npy";
   expect_error(error_of([&] { qkv::read_npy(missing); }), missing + ": ", {"cannot open", "No such file"}, "missing");
   const std::string d = dir.path().string();
@@ -536,7 +501,7 @@ TEST(NpyFiles, MissingOrUnreadableFiles) {
 }
 
 TEST(NpyFiles, WriteIntoMissingDirectoryFailsAndLeavesNothing) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::string path = dir / "no/such/dir/out.npy";
   expect_error(error_of([&] { qkv::write_npy(path, sample(DType::F32, {2})); }), path + ": ",
                {"cannot write", "No such file"}, "missing dir");
@@ -545,7 +510,7 @@ TEST(NpyFiles, WriteIntoMissingDirectoryFailsAndLeavesNothing) {
 }
 
 TEST(NpyFiles, OverwriteReplacesTargetAndLeavesNoTemporaryFiles) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::string path = dir / "t.npy";
   write_bytes(path, "old contents");
   const Tensor t = sample(DType::I64, {3, 3});
@@ -560,7 +525,7 @@ TEST(NpyFiles, OverwriteReplacesTargetAndLeavesNoTemporaryFiles) {
 }
 
 TEST(NpyFiles, FailedWriteLeavesExistingTargetUntouched) {
-  TempDir dir;
+  TempDir dir("npy");
   const std::string path = dir / "keep.npy";
   const std::string original = qkv::to_npy_bytes(sample(DType::F32, {4}));
   write_bytes(path, original);

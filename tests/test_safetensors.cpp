@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "error_testing.h"
+#include "file_testing.h"
 #include "qkv/safetensors.h"
 
 namespace {
@@ -27,48 +28,13 @@ using qkv::DType;
 using qkv::SafetensorsFile;
 using qkv::Tensor;
 using qkv::testing::error_of;
+using qkv::testing::read_bytes;
+using qkv::testing::TempDir;
+using qkv::testing::write_bytes;
 using Named = std::vector<std::pair<std::string, Tensor>>;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
-
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "qkv_st_XXXXXX").string();
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::ostringstream os;
-  os << f.rdbuf();
-  return os.str();
-}
-
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 // Expects a qkv::Error whose message starts with `prefix` and contains every one of `parts`.
 void expect_error(const std::string& msg, const std::string& prefix, std::initializer_list<const char*> parts,
@@ -160,11 +126,12 @@ const DType kWritable[] = {DType::F32, DType::F64, DType::I32, DType::I64, DType
 // Round trips and layout
 
 TEST(Safetensors, RoundTripEveryWritableDtypeAndRank) {
-  TempDir dir;
+  TempDir dir("st");
   const std::vector<std::vector<int64_t>> shapes = {{}, {1}, {7}, {3, 4}, {2, 3, 4}, {1, 2, 1, 3}};
   for (DType dt : kWritable) {
     Named tensors;
-    for (size_t i = 0; i < shapes.size(); ++i) tensors.emplace_back("t" + std::to_string(i), sample(dt, shapes[i]));
+    for (size_t i = 0; i < shapes.size(); ++i)
+      tensors.emplace_back(std::string("t").append(std::to_string(i)), sample(dt, shapes[i]));
     const std::string bytes = qkv::to_safetensors_bytes(tensors);
     const std::string path = dir / (std::string(qkv::dtype_name(dt)) + ".safetensors");
     qkv::write_safetensors(path, tensors);
@@ -326,7 +293,7 @@ TEST(Safetensors, F16IsReadAsFloat32) {
 
 TEST(Safetensors, HalfTensorsReadFromAFileBesideOthers) {
   // F16, BF16 and I32 side by side, read through read_safetensors (pread into storage).
-  TempDir dir;
+  TempDir dir("st");
   const std::string data = halves({0x3C00, 0xC100, 0x7BFF}) + halves({0x3F80, 0xC020}) + std::string("\x07\0\0\0", 4);
   const std::string b = st(R"({"h":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},)"
                            R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]},)"
@@ -569,7 +536,7 @@ TEST(SafetensorsErrors, RandomCorruptionNeverCrashes) {
 // Files: reading errors and atomic writes
 
 TEST(SafetensorsFiles, UnreadableAndTruncatedFiles) {
-  TempDir dir;
+  TempDir dir("st");
   const std::string missing = dir / "nope.safetensors";
   expect_error(error_of([&] { qkv::read_safetensors(missing); }), missing + ": ", {"cannot open", "No such file"},
                "missing");
@@ -600,7 +567,7 @@ TEST(SafetensorsFiles, UnreadableAndTruncatedFiles) {
 }
 
 TEST(SafetensorsFiles, WriteIntoMissingDirectoryFailsAndLeavesNothing) {
-  TempDir dir;
+  TempDir dir("st");
   const std::string path = dir / "no/such/dir/out.safetensors";
   expect_error(error_of([&] {
                  qkv::write_safetensors(path, {{"w", sample(DType::F32, {2})}});
@@ -611,7 +578,7 @@ TEST(SafetensorsFiles, WriteIntoMissingDirectoryFailsAndLeavesNothing) {
 }
 
 TEST(SafetensorsFiles, OverwriteReplacesTheWholeFileAndLeavesNoTemporaries) {
-  TempDir dir;
+  TempDir dir("st");
   const std::string path = dir / "m.safetensors";
   write_bytes(path, std::string(100000, 'x'));  // longer than what replaces it
   const Named tensors = {{"w", sample(DType::F32, {3, 2})}, {"n", sample(DType::I64, {})}};
@@ -627,7 +594,7 @@ TEST(SafetensorsFiles, OverwriteReplacesTheWholeFileAndLeavesNoTemporaries) {
 }
 
 TEST(SafetensorsFiles, UnwritableInputsFailAndLeaveTheTargetAlone) {
-  TempDir dir;
+  TempDir dir("st");
   const std::string path = dir / "keep.safetensors";
   const std::string original = qkv::to_safetensors_bytes({{"w", sample(DType::F32, {4})}});
   write_bytes(path, original);

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "error_testing.h"
+#include "file_testing.h"
 #include "qkv/model.h"
 #include "qkv/rng.h"
 #include "qkv/safetensors.h"
@@ -42,34 +43,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_of;
-
-// A fresh directory under the system temp directory, removed with everything in it at the end.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("qkv_test_train." + std::to_string(::getpid()) + "." + tag + "." + (info ? info->name() : "x"));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+using testing::read_bytes;
+using testing::TempDir;
 
 // A small decoder-only LM with learned positions (so every parameter kind is present).
 ModelConfig small_decoder(double dropout) {
@@ -225,7 +200,7 @@ TEST(Train, ResumeFromCheckpointIsExact) {
   const ModelConfig cfg = small_decoder(0.1);
   const TrainConfig tc = resume_config();
   TempDir dir("resume");
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = dir / "ckpt.safetensors";
   const std::string data_state = "{\"epoch\": 1, \"offset\": 96}\nline two \xc3\xa9";
 
   // 2N steps in one go.
@@ -279,7 +254,7 @@ TEST(Train, ResumeRestoresTheTrainingSettings) {
   // A trainer built with default settings takes the checkpoint's schedule, AdamW, clipping,
   // smoothing and seed, so `qkv train --resume` cannot continue with different ones by accident.
   TempDir dir("settings");
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = dir / "ckpt.safetensors";
   Model a(small_decoder(0.0));
   a.init(3);
   TrainConfig tc;
@@ -324,16 +299,16 @@ TEST(Train, TruncatedCheckpointIsAnErrorAndChangesNothing) {
   Trainer t(m, resume_config());
   Rng data(5);
   for (int s = 0; s < 2; ++s) t.step({lm_batch(data, 2, 8, 1, 16)});
-  const std::string good = dir.file("good.safetensors");
+  const std::string good = dir / "good.safetensors";
   t.save_checkpoint(good, "good");
   t.step({lm_batch(data, 2, 8, 1, 16)});  // now the trainer's state differs from the file's
-  const std::string before = dir.file("before.safetensors");
+  const std::string before = dir / "before.safetensors";
   t.save_checkpoint(before, "state");
   const std::vector<Tensor> params = snapshot(m);
   const std::string bytes = read_bytes(good);
   uint64_t header = 0;
   std::memcpy(&header, bytes.data(), sizeof header);
-  const std::string bad = dir.file("bad.safetensors");
+  const std::string bad = dir / "bad.safetensors";
   for (uintmax_t size : {uintmax_t{4}, uintmax_t{8 + header / 2}, uintmax_t{8 + header + 16},
                          uintmax_t{bytes.size() / 2}, uintmax_t{bytes.size() - 1}}) {
     SCOPED_TRACE("truncated to " + std::to_string(size) + " of " + std::to_string(bytes.size()) + " bytes");
@@ -347,7 +322,7 @@ TEST(Train, TruncatedCheckpointIsAnErrorAndChangesNothing) {
     EXPECT_EQ(t.updates_done(), 3);
   }
   // Moments, counters, RNG and all: what a save writes now is byte for byte what it wrote before.
-  const std::string after = dir.file("after.safetensors");
+  const std::string after = dir / "after.safetensors";
   t.save_checkpoint(after, "state");
   EXPECT_TRUE(read_bytes(before) == read_bytes(after));
   // And the good file still loads.
@@ -360,7 +335,7 @@ TEST(Train, CheckpointOfAnotherConfigOrNotACheckpointIsRejected) {
   Model m(small_decoder(0.0));
   m.init(1);
   Trainer t(m, TrainConfig{});
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = dir / "ckpt.safetensors";
   t.save_checkpoint(path);
 
   ModelConfig other_cfg = small_decoder(0.0);
@@ -381,12 +356,12 @@ TEST(Train, CheckpointOfAnotherConfigOrNotACheckpointIsRejected) {
   EXPECT_NE(error_of([&] { t3.load_checkpoint(path); }).find("model config differs"), std::string::npos);
 
   // A model directory's weights file is safetensors but not a checkpoint.
-  m.save(dir.file("model"));
-  const std::string weights = dir.file("model/model.safetensors");
+  m.save((dir / "model"));
+  const std::string weights = dir / "model/model.safetensors";
   e = error_of([&] { t.load_checkpoint(weights); });
   EXPECT_NE(e.find(weights + ": not a qkv checkpoint"), std::string::npos) << e;
   EXPECT_NE(error_of([&] { checkpoint_model_config(weights); }).find("not a qkv checkpoint"), std::string::npos);
-  EXPECT_NE(error_of([&] { t.load_checkpoint(dir.file("missing.safetensors")); }).find(dir.file("missing.safetensors")),
+  EXPECT_NE(error_of([&] { t.load_checkpoint((dir / "missing.safetensors")); }).find((dir / "missing.safetensors")),
             std::string::npos);
 }
 
@@ -395,7 +370,7 @@ TEST(Train, SaveOverwritesCompletelyAndLeavesNoTemporaryFiles) {
   Model m(small_decoder(0.0));
   m.init(1);
   Trainer t(m, TrainConfig{});
-  const std::string path = dir.file("ckpt.safetensors");
+  const std::string path = dir / "ckpt.safetensors";
   t.save_checkpoint(path, std::string(100000, 'x'));
   const uintmax_t big = fs::file_size(path);
   Rng data(1);
@@ -404,15 +379,12 @@ TEST(Train, SaveOverwritesCompletelyAndLeavesNoTemporaryFiles) {
   const uintmax_t small = fs::file_size(path);
   EXPECT_LT(small + 90000, big);
   // Byte for byte what a save to a fresh file writes: nothing of the old file survives.
-  const std::string fresh = dir.file("fresh.safetensors");
+  const std::string fresh = dir / "fresh.safetensors";
   t.save_checkpoint(fresh, "short");
   EXPECT_TRUE(read_bytes(path) == read_bytes(fresh));
   EXPECT_EQ(t.load_checkpoint(path), "short");
   EXPECT_EQ(t.steps_done(), 1);
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, (std::vector<std::string>{"ckpt.safetensors", "fresh.safetensors"}));
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"ckpt.safetensors", "fresh.safetensors"}));
 }
 
 // ---- non-finite steps -------------------------------------------------------------------------
@@ -428,7 +400,7 @@ TEST(Train, NonFiniteLossSkipsTheStepAndTouchesNothing) {
   Batch dirty = lm_batch(data, 2, 8, 1, 8);
   dirty.input.data<int64_t>()[5] = 9;
   ASSERT_FALSE(t.step({clean}).skipped);  // non-zero moments from here on
-  const std::string before = dir.file("before.safetensors");
+  const std::string before = dir / "before.safetensors";
   t.save_checkpoint(before);
   const std::vector<Tensor> params = snapshot(m);
 
@@ -451,7 +423,7 @@ TEST(Train, NonFiniteLossSkipsTheStepAndTouchesNothing) {
 
   *poisoned = saved_value;
   EXPECT_TRUE(same_bits(params, m));
-  const std::string after = dir.file("after.safetensors");
+  const std::string after = dir / "after.safetensors";
   t.save_checkpoint(after);
   EXPECT_TRUE(same_tensors(before, after));  // parameters and both AdamW moments
 
@@ -478,7 +450,7 @@ TEST(Train, FiniteLossWithNonFiniteGradientIsSkipped) {
   Rng data(8);
   const Batch batch = lm_batch(data, 2, 8, 1, 4);
   ASSERT_FALSE(t.step({batch}).skipped);
-  const std::string before = dir.file("before.safetensors");
+  const std::string before = dir / "before.safetensors";
   t.save_checkpoint(before);
   const std::vector<Tensor> params = snapshot(m);
 
@@ -501,7 +473,7 @@ TEST(Train, FiniteLossWithNonFiniteGradientIsSkipped) {
   EXPECT_TRUE(same_bits(poisoned_params, m));
   for (size_t i = 0; i < params.size(); ++i)
     std::memcpy(m.parameters()[i].var->value.data<float>(), params[i].data<float>(), params[i].nbytes());
-  const std::string after = dir.file("after.safetensors");
+  const std::string after = dir / "after.safetensors";
   t.save_checkpoint(after);
   EXPECT_TRUE(same_tensors(before, after));
 
@@ -533,8 +505,8 @@ TEST(Train, ClippingScalesTheGradientByClipOverNorm) {
     t.save_checkpoint(path);
     return r;
   };
-  const std::string free_path = dir.file("free.safetensors"), clip_path = dir.file("clip.safetensors"),
-                    loose_path = dir.file("loose.safetensors");
+  const std::string free_path = dir / "free.safetensors", clip_path = (dir / "clip.safetensors"),
+                    loose_path = dir / "loose.safetensors";
   const StepReport free_run = first_step(0.0, free_path);
   ASSERT_GT(free_run.grad_norm, 0.0);
   const double clip = free_run.grad_norm / 8;
@@ -595,7 +567,7 @@ TEST(Train, AccumulatingEqualMicroBatchesEqualsOneBatch) {
   EXPECT_EQ(rb.tokens, 32);
   EXPECT_NEAR(ra.loss, rb.loss, 1e-6 * rb.loss);
   EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-5 * rb.grad_norm);
-  const std::string pa = dir.file("a.safetensors"), pb = dir.file("b.safetensors");
+  const std::string pa = dir / "a.safetensors", pb = dir / "b.safetensors";
   ta.save_checkpoint(pa);
   tb.save_checkpoint(pb);
   const SafetensorsFile fa = read_safetensors(pa), fb = read_safetensors(pb);
