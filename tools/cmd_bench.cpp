@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -32,16 +33,7 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Peak resident memory since the last reset, from /proc (Linux). reset_peak() writes "5" to
-// clear_refs, which resets VmHWM to the current RSS.
-int64_t proc_status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::string k = std::string(key) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
-  return -1;
-}
+// Resets VmHWM (proc_status_kb("VmHWM"): peak resident memory) to the current RSS.
 bool reset_peak() {
   std::ofstream f("/proc/self/clear_refs");
   f << "5";
@@ -55,20 +47,6 @@ Tensor random_tensor(std::vector<int64_t> shape, std::mt19937& rng) {
   const int64_t count = t.numel();
   for (int64_t i = 0; i < count; ++i) p[i] = n(rng);
   return t;
-}
-
-double gemm_ceiling(int64_t n, int reps) {
-  std::mt19937 rng(1);
-  Tensor a = random_tensor({n, n}, rng), b = random_tensor({n, n}, rng), c({n, n}, DType::F32);
-  sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);  // warm-up
-  double best = 1e30;
-  const double start = now_s();
-  for (int r = 0; r < reps || (now_s() - start < 1.0 && r < 100); ++r) {
-    const double t0 = now_s();
-    sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);
-    best = std::min(best, now_s() - t0);
-  }
-  return 2.0 * n * n * n / best / 1e9;
 }
 
 // A progress line on stderr (only when it is a terminal): elapsed time and an ETA over the

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -11,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -24,15 +24,6 @@ struct TrainBenchOptions {
   int steps = 3, warmup = 1;
   bool json = false;
 };
-
-int64_t status_kb(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const std::string k = std::string(key) + ":";
-  while (std::getline(f, line))
-    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
-  return -1;
-}
 
 ModelConfig preset(const std::string& name) {
   ModelConfig c;
@@ -77,22 +68,10 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
   return t;
 }
 
-double gemm_ceiling_gflops() {
-  const int64_t n = 2048;
-  std::vector<float> a(static_cast<size_t>(n * n), 1.0f), b(a), c(a);
-  double best = 1e30;
-  for (int r = 0; r < 3; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return 2.0 * static_cast<double>(n) * n * n / best / 1e9;
-}
-
 int run_bench_train(const TrainBenchOptions& o) {
   const ModelConfig cfg = o.config.empty() ? preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
-  const double ceiling = gemm_ceiling_gflops();
+  const double ceiling = gemm_ceiling(2048, 3);
   Model model(cfg);
   model.init(1);
   TrainConfig tc;
@@ -146,7 +125,7 @@ int run_bench_train(const TrainBenchOptions& o) {
   // Encoder-decoder: the encoder's matmuls run on the source tokens too (same count here).
   const double flops_tok = 6.0 * static_cast<double>(n_mm) + attn;
   const double gflops = flops_tok * tokens / per_step / 1e9;
-  const double peak_mib = static_cast<double>(status_kb("VmHWM")) / 1024.0;
+  const double peak_mib = static_cast<double>(proc_status_kb("VmHWM")) / 1024.0;
   if (o.json) {
     nlohmann::json j = {{"model", name},          {"parameters", model.num_parameters()},
                         {"batch", o.batch},       {"seq", o.seq},
