@@ -174,7 +174,6 @@ int run_train(TrainCmd& o) {
   o.cfg.schedule.warmup = o.warmup;
   o.cfg.schedule.total = o.total > 0 ? o.total : o.steps;
   o.cfg.schedule.min_lr = o.min_lr;
-  if (o.cfg.schedule.kind == ScheduleKind::InverseSqrt) o.cfg.schedule.d_model = 0;
   Trainer trainer(m, o.cfg);
   // A resumed run continues with the checkpoint's own settings (schedule, AdamW, clipping, seed).
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);

@@ -9,10 +9,6 @@
 #include "qkv/parallel.h"
 
 namespace qkv {
-namespace {
-void detail_add(float* dst, const float* src, int64_t n, bool add) { ops::detail::add_or_copy(dst, src, n, add); }
-}  // namespace
-
 float* Node::grad_dest(bool* add) {
   if (!grad.defined() || grad.shape() != value.shape()) grad = Tensor::empty(value.shape(), DType::F32);
   *add = has_grad;
@@ -48,10 +44,8 @@ void Tape::backward(const Var& out, const Tensor& grad_out) {
         grad_out.defined() ? grad_out.describe() : std::string("nothing"), " does not match the output ",
         out ? out->value.describe() : std::string("nothing"));
   if (out->requires_grad) {
-    Tensor g = grad_out.to(DType::F32);
-    bool add = false;
-    float* d = out->grad_dest(&add);
-    detail_add(d, g.data<float>(), g.numel(), add);
+    const Tensor g = grad_out.to(DType::F32);
+    ops::detail::accumulate_grad(*out, g.data<float>());
   }
   run();
 }
