@@ -1,6 +1,8 @@
 // Tensor and Storage: construction, metadata, views, copies and conversions.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -76,6 +78,26 @@ TEST(Storage, AlignedAndZeroed) {
     const auto* p = static_cast<const unsigned char*>(s.data());
     for (size_t i = 0; i < rounded; ++i) ASSERT_EQ(p[i], 0) << "byte " << i << " of " << bytes;
   }
+}
+
+TEST(Storage, LargeBlocksAreReusedAndStillZeroed) {
+  // A freed block of >= 256 KiB goes back to the cache and serves the next tensor of that size;
+  // Tensor(shape) must still be all zeros, whatever the block held before.
+  qkv::release_cached_memory();
+  const void* first = nullptr;
+  {
+    Tensor a({1 << 18}, DType::F32);  // 1 MiB
+    first = a.raw_data();
+    std::fill(a.data<float>(), a.data<float>() + a.numel(), 7.0f);
+  }
+  Tensor b({1 << 18}, DType::F32);
+  EXPECT_EQ(b.raw_data(), first);
+  for (int64_t i = 0; i < b.numel(); ++i) ASSERT_EQ(b.data<float>()[i], 0.0f) << i;
+  Tensor other({(1 << 18) + 16}, DType::F32);  // another size: not that block
+  EXPECT_NE(other.raw_data(), first);
+  { Tensor c = std::move(b); }
+  EXPECT_GE(qkv::release_cached_memory(), size_t{1} << 20);
+  EXPECT_EQ(qkv::release_cached_memory(), 0u);
 }
 
 TEST(Storage, ImpossibleSizeThrowsInsteadOfCrashing) {
