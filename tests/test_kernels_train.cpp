@@ -360,6 +360,25 @@ TEST(AdamW, MatchesFloat64FormulaOverTenSteps) {
   }
 }
 
+// Clipping folded into the step (grad_scale) is exactly the step on pre-scaled gradients, for
+// any thread count, across slice boundaries (n spans several 16384-element slices).
+TEST(AdamW, GradScaleEqualsPrescaledGradientsBitwise) {
+  const AdamWProblem pr = adamw_problem(70001, 3, 5);
+  AdamWProblem scaled = pr;
+  const float c = 0.3173f;
+  for (auto& g : scaled.grads)
+    for (float& x : g) x *= c;
+  AdamWParams hp = kConfigs[0];
+  const AdamWState want = adamw_run(scaled, hp, 1);
+  hp.grad_scale = c;
+  for (int threads : {1, 2, 3}) {
+    const AdamWState got = adamw_run(pr, hp, threads);
+    EXPECT_EQ(std::memcmp(got.param.data(), want.param.data(), want.param.size() * sizeof(float)), 0) << threads;
+    EXPECT_EQ(std::memcmp(got.m.data(), want.m.data(), want.m.size() * sizeof(float)), 0) << threads;
+    EXPECT_EQ(std::memcmp(got.v.data(), want.v.data(), want.v.size() * sizeof(float)), 0) << threads;
+  }
+}
+
 TEST(AdamW, MatchesTorchOptimAdamW) {
   const char* py = "/usr/bin/python3";
   // scripts/install-deps.sh installs Debian's python3-torch: its absence is a failure.

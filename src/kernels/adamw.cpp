@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/train_isa.h"
+
 namespace qkv::kernels {
 namespace {
 
@@ -14,6 +16,8 @@ constexpr int64_t kSerialBelow = 1 << 14;
 // both depend on the tensor's length only.
 constexpr int64_t kMaxChunks = 256;
 constexpr int64_t kMinChunk = 4096;
+// AdamW hands the vector body slices of this many elements.
+constexpr int64_t kSlice = 1 << 14;
 
 }  // namespace
 
@@ -23,25 +27,25 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   // decay <- 1 - lr wd ;  bc1 <- 1 - beta1^step ;  bc2 <- 1 - beta2^step
   const double bc1 = 1.0 - std::pow(b1, step);
   const double bc2 = 1.0 - std::pow(b2, step);
-  const float decay = static_cast<float>(1.0 - lr * wd);
-  const float beta1 = p.beta1, beta2 = p.beta2;
-  const float one_minus_b1 = static_cast<float>(1.0 - b1), one_minus_b2 = static_cast<float>(1.0 - b2);
+  AdamWScalars c;
+  c.grad_scale = p.grad_scale;
+  c.decay = static_cast<float>(1.0 - lr * wd);
+  c.beta1 = p.beta1;
+  c.beta2 = p.beta2;
+  c.one_minus_b1 = static_cast<float>(1.0 - b1);
+  c.one_minus_b2 = static_cast<float>(1.0 - b2);
   // neg_step <- -lr / bc1 ;  bc2_sqrt <- sqrt(bc2)
-  const float neg_step = static_cast<float>(-(lr / bc1));
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float eps = p.eps;
+  c.neg_step = static_cast<float>(-(lr / bc1));
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.eps = p.eps;
+  const auto update = train_isa(active_isa()).adamw_update;
+  // Each thread updates one contiguous slice of whole kSlice blocks; elementwise, so the
+  // split does not change any result.
+  const int64_t nslices = (n + kSlice - 1) / kSlice;
 #pragma omp parallel for num_threads(threads) schedule(static) if (n >= kSerialBelow)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    // param <- param decay ;  m <- beta1 m + (1 - beta1) g ;  v <- beta2 v + (1 - beta2) g g
-    const float w = param[i] * decay;
-    const float mi = m[i] * beta1 + one_minus_b1 * g;
-    const float vi = v[i] * beta2 + one_minus_b2 * g * g;
-    // param <- param + neg_step m / (sqrt(v) / bc2_sqrt + eps)
-    const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-    param[i] = w + neg_step * mi / denom;
-    m[i] = mi;
-    v[i] = vi;
+  for (int64_t s = 0; s < nslices; ++s) {
+    const int64_t i0 = s * kSlice, len = std::min(kSlice, n - i0);
+    update(param + i0, grad + i0, m + i0, v + i0, len, c);
   }
 }
 
@@ -54,13 +58,12 @@ double global_grad_norm_sq(const float* const* grads, const int64_t* sizes, int6
     const int64_t chunk = std::max(kMinChunk, (n + kMaxChunks - 1) / kMaxChunks);
     const int64_t nchunks = (n + chunk - 1) / chunk;
     double part[kMaxChunks];
+    const auto sum_squares = train_isa(active_isa()).sum_squares;
     // part_c <- sum_{i in chunk c} g_i^2
 #pragma omp parallel for num_threads(threads) schedule(static) if (nchunks > 1)
     for (int64_t c = 0; c < nchunks; ++c) {
-      double s = 0;
       const int64_t end = std::min(n, (c + 1) * chunk);
-      for (int64_t i = c * chunk; i < end; ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-      part[c] = s;
+      part[c] = sum_squares(g + c * chunk, end - c * chunk);
     }
     // total <- total + sum_c part_c, in chunk order
     for (int64_t c = 0; c < nchunks; ++c) total += part[c];

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/train_isa.h"
+
 namespace qkv::kernels {
 namespace {
 
@@ -32,6 +34,7 @@ double cross_entropy_forward(const float* logits, const int64_t* targets, float*
   const int64_t nchunks = N == 0 ? 0 : (N + chunk - 1) / chunk;
   double loss_part[kMaxChunks];
   int64_t count_part[kMaxChunks];
+  const TrainIsa k = train_isa(active_isa());
 #pragma omp parallel for num_threads(threads) schedule(static) if (nchunks > 1)
   for (int64_t c = 0; c < nchunks; ++c) {
     double loss_sum = 0;
@@ -39,14 +42,10 @@ double cross_entropy_forward(const float* logits, const int64_t* targets, float*
     for (int64_t i = c * chunk; i < std::min(N, (c + 1) * chunk); ++i) {
       const float* z = logits + i * V;
       // m <- max_j z_ij
-      float m = z[0];
-      for (int64_t j = 1; j < V; ++j) m = std::max(m, z[j]);
-      // s <- sum_j exp(z_ij - m)  and  zsum <- sum_j z_ij, both in double
-      double s = 0, zsum = 0;
-      for (int64_t j = 0; j < V; ++j) {
-        s += static_cast<double>(std::exp(z[j] - m));
-        zsum += static_cast<double>(z[j]);
-      }
+      const float m = k.row_max(z, V);
+      // s <- sum_j exp(z_ij - m)  and  zsum <- sum_j z_ij   (accumulated in double)
+      double zsum = 0;
+      const double s = k.sum_exp(z, V, m, eps != 0 ? &zsum : nullptr);
       // lse_i <- m + log(s)
       const double lse_i = static_cast<double>(m) + std::log(s);
       lse[i] = static_cast<float>(lse_i);
@@ -83,6 +82,7 @@ void cross_entropy_backward(const float* logits, const int64_t* targets, const f
   // 1 - p_t is formed as the sum of the other classes' p (q below), not by cancellation, so it
   // keeps its relative accuracy for a confident row and each gradient row sums to ~0.
   const double target_extra = eps * (1.0 - 1.0 / static_cast<double>(V));
+  const TrainIsa k = train_isa(active_isa());
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t i = 0; i < N; ++i) {
     float* d = dlogits + i * V;
@@ -94,16 +94,7 @@ void cross_entropy_backward(const float* logits, const int64_t* targets, const f
     const float* z = logits + i * V;
     const float l = lse[i];
     // d_ij <- a (p_ij - u),  p_ij = exp(z_ij - lse_i)   (j != t);   q <- sum_{j != t} p_ij
-    double q = 0;
-    auto others = [&](int64_t j0, int64_t j1) {
-      for (int64_t j = j0; j < j1; ++j) {
-        const float p = std::exp(z[j] - l);
-        d[j] = a * (p - u);
-        q += static_cast<double>(p);
-      }
-    };
-    others(0, t);
-    others(t + 1, V);
+    const double q = k.softmax_grad_row(z, t, l, a, u, d) + k.softmax_grad_row(z + t + 1, V - t - 1, l, a, u, d + t + 1);
     // d_it <- a (p_it - (1 - eps) - u) = a (eps (1 - 1/V) - q)
     d[t] = static_cast<float>(static_cast<double>(a) * (target_extra - q));
   }

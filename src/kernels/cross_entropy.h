@@ -19,9 +19,10 @@ int64_t cross_entropy_check_targets(const int64_t* targets, int64_t N, int64_t V
 //   loss_i = (1 - eps) * (lse_i - z_i[t_i]) + eps * (lse_i - mean_j z_ij),   eps = label_smoothing,
 // and stores the number of counted rows in *n_counted. With no counted row it returns 0 (not
 // the 0/0 = NaN PyTorch gives) and *n_counted = 0.
-// lse is written for every row, ignored ones included. Each row is reduced in double; rows are
-// summed in chunks whose size depends only on N, and the chunks in order, so the result is
-// bitwise identical for any thread count.
+// lse is written for every row, ignored ones included. Each row is reduced by the active ISA's
+// vector body (train_isa.cpp): float lanes over blocks of 32 vectors, the blocks added in double;
+// rows are summed in chunks whose size depends only on N, and the chunks in order, so the result
+// is bitwise identical for any thread count.
 // logits: (N, V)   targets: (N)   lse: (N), written
 double cross_entropy_forward(const float* logits, const int64_t* targets, float* lse, int64_t N, int64_t V,
                              int64_t ignore_index, float label_smoothing, int64_t* n_counted, int threads);

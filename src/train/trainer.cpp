@@ -99,18 +99,12 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     r.skipped = true;
     return r;
   }
-  // g <- g * min(1, clip / (norm + 1e-6))   (torch.nn.utils.clip_grad_norm_)
+  // g <- g * min(1, clip / (norm + 1e-6))   (torch.nn.utils.clip_grad_norm_), applied inside
+  // the AdamW pass; the gradients themselves are left as backward made them.
+  float grad_scale = 1.0f;
   if (config_.clip_norm > 0) {
     const double coef = config_.clip_norm / (r.grad_norm + 1e-6);
-    if (coef < 1.0) {
-      const float c = static_cast<float>(coef);
-      for (Parameter& p : params) {
-        float* g = p.var->grad.data<float>();
-        const int64_t n = p.var->value.numel();
-#pragma omp parallel for num_threads(n < (int64_t{1} << 14) ? 1 : threads) schedule(static)
-        for (int64_t i = 0; i < n; ++i) g[i] *= c;
-      }
-    }
+    if (coef < 1.0) grad_scale = static_cast<float>(coef);
   }
   ++updates_;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -121,6 +115,7 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     ap.eps = static_cast<float>(config_.eps);
     ap.weight_decay = (params[i].decay || config_.decay_all) ? static_cast<float>(config_.weight_decay) : 0.0f;
     ap.step = updates_;
+    ap.grad_scale = grad_scale;
     kernels::adamw_step(params[i].var->value.data<float>(), params[i].var->grad.data<float>(), m_[i].data<float>(),
                         v_[i].data<float>(), params[i].var->value.numel(), ap, threads);
   }

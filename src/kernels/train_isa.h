@@ -1,0 +1,54 @@
+// The per-ISA vector bodies of the training kernels (train_isa.cpp, compiled once per ISA).
+// Callers use the TrainIsa table of the active ISA; the threading and chunking stay with them.
+#pragma once
+#include <cstdint>
+
+#include "qkv/cpu.h"
+
+namespace qkv::kernels {
+
+// AdamW's per-step scalars, formed in double by adamw_step and used in float.
+struct AdamWScalars {
+  float grad_scale, decay, beta1, beta2, one_minus_b1, one_minus_b2, neg_step, bc2_sqrt, eps;
+};
+
+#define QKV_DECLARE_TRAIN_ISA(ns)                                                                    \
+  namespace ns {                                                                                     \
+  /* max_j z_j (z[0] when n == 1; 0 when n == 0)   z: (n) */                                         \
+  float row_max(const float* z, int64_t n);                                                          \
+  /* sum_j exp(z_j - shift); *zsum <- sum_j z_j when zsum is not null   z: (n) */                    \
+  double sum_exp(const float* z, int64_t n, float shift, double* zsum);                              \
+  /* d_j <- a (exp(z_j - lse) - u); returns sum_j exp(z_j - lse)   z, d: (n) */                      \
+  double softmax_grad_row(const float* z, int64_t n, float lse, float a, float u, float* d);         \
+  /* one AdamW step on n elements (see adamw.h)   param, grad, m, v: (n) */                          \
+  void adamw_update(float* param, const float* grad, float* m, float* v, int64_t n,                  \
+                    const AdamWScalars& c);                                                          \
+  /* sum_i g_i^2   g: (n) */                                                                         \
+  double sum_squares(const float* g, int64_t n);                                                     \
+  }
+QKV_DECLARE_TRAIN_ISA(generic)
+QKV_DECLARE_TRAIN_ISA(avx2)
+QKV_DECLARE_TRAIN_ISA(avx512)
+QKV_DECLARE_TRAIN_ISA(w16avx2)
+#undef QKV_DECLARE_TRAIN_ISA
+
+struct TrainIsa {
+  float (*row_max)(const float*, int64_t);
+  double (*sum_exp)(const float*, int64_t, float, double*);
+  double (*softmax_grad_row)(const float*, int64_t, float, float, float, float*);
+  void (*adamw_update)(float*, const float*, float*, float*, int64_t, const AdamWScalars&);
+  double (*sum_squares)(const float*, int64_t);
+};
+
+// The table for `isa`.
+inline TrainIsa train_isa(Isa isa) {
+#define QKV_TRAIN_TABLE(ns) TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares}
+  switch (isa) {
+    case Isa::AVX512: return QKV_TRAIN_TABLE(avx512);
+    case Isa::AVX2: return QKV_TRAIN_TABLE(avx2);
+    default: return QKV_TRAIN_TABLE(generic);
+  }
+#undef QKV_TRAIN_TABLE
+}
+
+}  // namespace qkv::kernels
