@@ -15,5 +15,6 @@ Runner add_init(CLI::App& app);
 Runner add_import(CLI::App& app);
 Runner add_forward(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_data(CLI::App& app);
 
 }  // namespace qkv::cli

@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_import(app));
   runners.push_back(qkv::cli::add_forward(app));
   runners.push_back(qkv::cli::add_train(app));
+  runners.push_back(qkv::cli::add_data(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -132,8 +132,11 @@ class Model {
   void save(const std::string& dir) const;
   static Model load(const std::string& dir);
 
- private:
+  // The modules behind the parameters (src/models/model_impl.h), for cached inference.
   struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
   ModelConfig config_;
   std::vector<Parameter> params_;
   std::unique_ptr<Impl> impl_;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "kernels/positional.h"
+#include "models/model_impl.h"
 #include "nn/layers.h"
 #include "qkv/error.h"
 #include "qkv/npy.h"
@@ -19,18 +20,6 @@
 
 namespace qkv {
 
-struct Model::Impl {
-  std::vector<nn::Init> inits;
-  // Decoder / EncoderClassifier: embed, pos_embed, layers (decoder: "layers.i", classifier:
-  // "encoder.layers.i"), norm. EncoderDecoder: src_* / tgt_*, enc_layers, dec_layers.
-  Var embed, pos_embed, src_embed, src_pos_embed;
-  std::vector<nn::EncoderLayer> enc_layers;
-  std::vector<nn::DecoderLayer> dec_layers;
-  nn::Norm enc_norm, dec_norm;
-  bool has_enc_norm = false, has_dec_norm = false;
-  Var lm_head;            // (V, D): its own weight or the embedding when tied
-  nn::Linear classifier;  // (num_classes, D)
-};
 
 namespace {
 

@@ -1,0 +1,75 @@
+// qkv/generate.h: sequential generation with a key/value cache (the chapter's "sequential
+// generation"; its next chapter's logits -> probabilities -> next token).
+//
+// Each new token runs the decoder once: its keys and values are appended to a per-layer cache,
+// so a step costs O(current length), not O(length^2). For an encoder-decoder the source is
+// encoded once and each cross-attention layer's keys and values are computed once per source.
+// Requests of unequal lengths run as one batch: every row has its own length, and each step
+// attends over that row's keys only.
+//
+//   GenerateConfig g;                 // greedy, 64 new tokens
+//   g.sampling.greedy = false;        // sample: temperature, top-k, top-p, repetition penalty
+//   g.sampling.seed = 7;              // same seed, same samples
+//   auto out = generate(model, {{bos, 17, 5}}, g);   // decoder-only: continue each prompt
+//   auto tr = translate(model, {{12, 9, 4, eos}}, g);  // encoder-decoder: one output per source
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "qkv/model.h"
+
+namespace qkv {
+
+struct SamplingConfig {
+  bool greedy = true;               // argmax (ties: the lowest id); false: sample
+  float temperature = 1.0f;         // logits / temperature before softmax (> 0)
+  int64_t top_k = 0;                // keep the k most probable tokens (0: all)
+  float top_p = 1.0f;               // keep the smallest set whose probability reaches p (1: all)
+  float repetition_penalty = 1.0f;  // CTRL: a token already in the row has its logit divided by
+                                    // this when positive, multiplied when negative (1: off)
+  uint64_t seed = 0;                // samples are a function of (seed, inputs)
+};
+
+struct GenerateConfig {
+  int64_t max_new_tokens = 64;  // tokens generated per row at most (the eos included)
+  SamplingConfig sampling;
+  int64_t beam_size = 1;        // > 1: beam search (deterministic; sampling is ignored)
+  bool beam_search = false;     // true: beam search even with beam_size 1 (which equals greedy)
+  double length_penalty = 1.0;  // beam hypotheses rank by logprob / length^length_penalty
+  int64_t eos_id = -2;          // generation of a row stops at this token; -2: the config's eos_id;
+                                // -1: never (max_new_tokens only)
+  bool use_cache = true;        // false: recompute every prefix from scratch each step (the
+                                // slow twin the cache is tested against)
+  // Attention capture (for maps): the weights of one head of one layer for every generated
+  // token. Decoder-only: self-attention over prompt + generated tokens (prompt rows included);
+  // encoder-decoder: cross-attention over the source. layer -1: the last.
+  bool capture_attention = false;
+  int64_t attention_layer = -1;
+  int64_t attention_head = 0;
+};
+
+struct Generation {
+  std::vector<int32_t> tokens;  // the generated tokens (the eos included when one ended the row)
+  double logprob = 0;           // sum of log p(token) under the model's softmax (temperature 1)
+  bool finished = false;        // true: stopped at eos; false: hit max_new_tokens
+  // With capture_attention: rows x cols weights, row-major. Decoder-only: one row per position
+  // (prompt, then generated tokens except the last), cols = all positions; encoder-decoder: one
+  // row per generated token, cols = source length. Row i sums to 1 over its allowed columns.
+  std::vector<float> attention;
+  int64_t attention_rows = 0, attention_cols = 0;
+};
+
+// Decoder-only: continues each prompt (non-empty; ids in the vocabulary). Prompt + max_new_tokens
+// must fit max_len for learned positions.
+std::vector<Generation> generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                 const GenerateConfig& config);
+
+// Encoder-decoder: one output per source, starting from the config's bos_id (which must be set).
+std::vector<Generation> translate(const Model& model, const std::vector<std::vector<int32_t>>& sources,
+                                  const GenerateConfig& config);
+
+// Decoder-only scoring helper: log-probabilities of the next token after each prompt, (B, V)
+// row-major, using the cache path. For tests and `qkv generate --top`.
+std::vector<std::vector<float>> next_token_logprobs(const Model& model, const std::vector<std::vector<int32_t>>& prompts);
+
+}  // namespace qkv

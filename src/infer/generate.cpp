@@ -1,0 +1,671 @@
+// Cached generation: the model's own modules (norms, feed-forward, projections) run step by step
+// without a tape, and self-attention reads its keys and values from a per-layer cache instead of
+// recomputing them. Greedy, sampling and beam search share one Session.
+#include "qkv/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <set>
+#include <utility>
+
+#include "kernels/positional.h"
+#include "kernels/rope.h"
+#include "models/model_impl.h"
+#include "qkv/attention.h"
+#include "qkv/error.h"
+#include "qkv/ops.h"
+#include "qkv/parallel.h"
+#include "qkv/rng.h"
+
+namespace qkv {
+namespace {
+
+constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
+
+// Columns [begin, begin + width) of a (B, T, R) tensor, as a new contiguous (B, T, width) one.
+Tensor columns(const Tensor& t, int64_t begin, int64_t width) {
+  const int64_t B = t.size(0), T = t.size(1), R = t.size(2);
+  if (begin == 0 && width == R) return t;
+  Tensor out = Tensor::empty({B, T, width});
+  const float* src = t.data<float>();
+  float* dst = out.data<float>();
+  for (int64_t r = 0; r < B * T; ++r) std::copy(src + r * R + begin, src + r * R + begin + width, dst + r * width);
+  return out;
+}
+
+// One row's captured attention: for each fed position (or generated token), its weights.
+using CaptureRows = std::vector<std::vector<float>>;
+
+// The decoder of a model, run token by token over a cache. Row b's tokens sit at cache indices
+// 0, 1, ... (its positions); rows may have different lengths.
+class Session {
+ public:
+  Session(const Model& model, int64_t B, int64_t Tmax, const GenerateConfig& g)
+      : cfg_(model.config()), m_(model.impl()), B_(B), Tmax_(Tmax) {
+    tape_.recording = false;
+    const bool encdec = cfg_.arch == Arch::EncoderDecoder;
+    const int64_t L = encdec ? static_cast<int64_t>(m_.dec_layers.size()) : static_cast<int64_t>(m_.enc_layers.size());
+    const int64_t G = cfg_.kv_heads(), Dk = cfg_.head_dim_k(), Dv = cfg_.head_dim_v();
+    self_.resize(static_cast<size_t>(L));
+    for (KV& kv : self_) {
+      kv.k = Tensor::empty({B, G, Tmax, Dk});
+      kv.v = Tensor::empty({B, G, Tmax, Dv});
+    }
+    if (g.capture_attention) {
+      capture_layer_ = g.attention_layer < 0 ? L + g.attention_layer : g.attention_layer;
+      check(capture_layer_ >= 0 && capture_layer_ < L, "generate: attention_layer ", g.attention_layer,
+            " is outside the model's ", L, " layers");
+      check(g.attention_head >= 0 && g.attention_head < cfg_.n_heads, "generate: attention_head ", g.attention_head,
+            " is outside the model's ", cfg_.n_heads, " heads");
+      capture_head_ = g.attention_head;
+      captured_.resize(static_cast<size_t>(B));
+    }
+  }
+
+  // Encoder-decoder: the encoder output (B, S, D) and source lengths (B); each cross-attention
+  // layer's keys and values are computed here, once.
+  void set_memory(const Tensor& memory, const Tensor& src_lengths) {
+    src_lengths_ = src_lengths;
+    Var mem = make_var(memory);
+    cross_.clear();
+    for (const nn::DecoderLayer& layer : m_.dec_layers) {
+      const nn::MultiHeadAttention& a = layer.cross_attn;
+      const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
+      KV kv;
+      if (a.fused) {
+        // [K | V] <- memory W_in[K, V rows]^T + b
+        const Tensor both = ops::linear(tape_, mem, a.in_w, a.in_b, H * Dk, a.rows())->value;
+        kv.k = columns(both, 0, G * Dk);
+        kv.v = columns(both, G * Dk, G * Dv);
+      } else {
+        kv.k = ops::linear(tape_, mem, a.k_w, a.in_b, 0, -1, H * Dk)->value;
+        kv.v = ops::linear(tape_, mem, a.v_w, a.in_b, 0, -1, H * Dk + G * Dk)->value;
+      }
+      cross_.push_back(std::move(kv));
+    }
+  }
+
+  // Runs ids (B, Tn), row-major, through the decoder: row b's token i at position pos[b] + i.
+  // Either every pos[b] is equal (a prefill of right-padded rows: a row's padding comes after
+  // its tokens, so the causal mask hides it, and later steps overwrite its cache entries) or
+  // Tn == 1. Returns the logits (B, V) of token last[b] of each row.
+  Tensor run(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos,
+             const std::vector<int64_t>& last) {
+    const bool uniform = std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; });
+    check(uniform || Tn == 1, "generate: internal: ragged positions need one token per step");
+    for (int64_t b = 0; b < B_; ++b)
+      check(pos[b] + Tn <= Tmax_, "generate: position ", pos[b] + Tn - 1, " is beyond the cache's ", Tmax_);
+    nn::Context c{tape_, false, 0.0f, 0, 0};
+    Var x = make_var(embed(ids, Tn, pos));
+    const bool encdec = cfg_.arch == Arch::EncoderDecoder;
+    if (!encdec) {
+      for (size_t l = 0; l < m_.enc_layers.size(); ++l) {
+        const nn::EncoderLayer& L = m_.enc_layers[l];
+        auto sa = [&](const Var& h) { return self_attention(L.self_attn, h, l, Tn, pos, uniform); };
+        if (L.norm_first) {
+          // x <- x + sa(norm1(x));  x <- x + ff(norm2(x))
+          Var h = ops::add(tape_, x, sa(L.norm1(c, x)));
+          x = ops::add(tape_, h, L.ff(c, L.norm2(c, h)));
+        } else {
+          // x <- norm1(x + sa(x));  x <- norm2(x + ff(x))
+          Var h = L.norm1(c, ops::add(tape_, x, sa(x)));
+          x = L.norm2(c, ops::add(tape_, h, L.ff(c, h)));
+        }
+      }
+      if (m_.has_enc_norm) x = m_.enc_norm(c, x);
+    } else {
+      for (size_t l = 0; l < m_.dec_layers.size(); ++l) {
+        const nn::DecoderLayer& L = m_.dec_layers[l];
+        auto sa = [&](const Var& h) { return self_attention(L.self_attn, h, l, Tn, pos, uniform); };
+        auto ca = [&](const Var& h) { return cross_attention(L.cross_attn, h, l, Tn); };
+        if (L.norm_first) {
+          Var h = ops::add(tape_, x, sa(L.norm1(c, x)));
+          h = ops::add(tape_, h, ca(L.norm2(c, h)));
+          x = ops::add(tape_, h, L.ff(c, L.norm3(c, h)));
+        } else {
+          Var h = L.norm1(c, ops::add(tape_, x, sa(x)));
+          h = L.norm2(c, ops::add(tape_, h, ca(h)));
+          x = L.norm3(c, ops::add(tape_, h, L.ff(c, h)));
+        }
+      }
+      if (m_.has_dec_norm) x = m_.dec_norm(c, x);
+    }
+    // logits <- x[b, last_b] W_out^T   (only the rows that predict the next token)
+    const int64_t D = cfg_.d_model;
+    Tensor sel = Tensor::empty({B_, D});
+    const float* px = x->value.data<float>();
+    for (int64_t b = 0; b < B_; ++b)
+      std::copy(px + (b * Tn + last[b]) * D, px + (b * Tn + last[b] + 1) * D, sel.data<float>() + b * D);
+    return ops::linear(tape_, make_var(sel), m_.lm_head, nullptr)->value;
+  }
+
+  // Cache rows reordered: new row r <- old row from[r] (beam search).
+  void reorder(const std::vector<int64_t>& from, int64_t filled) {
+    for (KV& kv : self_) {
+      kv.k = gather_rows(kv.k, from, filled);
+      kv.v = gather_rows(kv.v, from, filled);
+    }
+    if (!captured_.empty()) {
+      std::vector<CaptureRows> old = captured_;
+      for (int64_t r = 0; r < B_; ++r) captured_[r] = old[from[r]];
+    }
+  }
+
+  std::vector<CaptureRows>& captured() { return captured_; }
+
+ private:
+  struct KV {
+    Tensor k, v;  // self: (B, G, Tmax, Dk), (B, G, Tmax, Dv);  cross: (B, S, G*Dk), (B, S, G*Dv)
+  };
+
+  // x <- E[id] (* sqrt(D)) + P[position], as Model's embedding, with each row's own positions.
+  Tensor embed(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos) const {
+    const Tensor& E = m_.embed->value;
+    const int64_t V = E.size(0), D = E.size(1);
+    Tensor x = Tensor::empty({B_, Tn, D});
+    float* px = x.data<float>();
+    const float s = static_cast<float>(std::sqrt(static_cast<double>(D)));
+    std::vector<float> pe(static_cast<size_t>(D));
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t i = 0; i < Tn; ++i) {
+        const int64_t id = ids[b * Tn + i], p = pos[b] + i;
+        check(id >= 0 && id < V, "generate: token id ", id, " is outside the vocabulary [0, ", V, ")");
+        float* row = px + (b * Tn + i) * D;
+        const float* e = E.data<float>() + id * D;
+        for (int64_t j = 0; j < D; ++j) row[j] = cfg_.scale_embeddings ? e[j] * s : e[j];
+        if (cfg_.positional == Positional::Sinusoidal) {
+          kernels::sinusoidal_positions(pe.data(), 1, D, p);
+          for (int64_t j = 0; j < D; ++j) row[j] += pe[j];
+        } else if (cfg_.positional == Positional::Learned) {
+          const Tensor& P = m_.pos_embed->value;
+          check(p < P.size(0), "generate: position ", p, " is beyond the model's max_len ", P.size(0));
+          for (int64_t j = 0; j < D; ++j) row[j] += P.data<float>()[p * D + j];
+        }
+      }
+    return x;
+  }
+
+  Var self_attention(const nn::MultiHeadAttention& a, const Var& x, size_t layer, int64_t Tn,
+                     const std::vector<int64_t>& pos, bool uniform) {
+    const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
+    // q, k, v <- x W^T + b   (B, Tn, H*Dk), (B, Tn, G*Dk), (B, Tn, G*Dv)
+    Tensor q, k, v;
+    if (a.fused) {
+      const Tensor all = ops::linear(tape_, x, a.in_w, a.in_b)->value;
+      q = columns(all, 0, H * Dk);
+      k = columns(all, H * Dk, G * Dk);
+      v = columns(all, H * Dk + G * Dk, G * Dv);
+    } else {
+      q = ops::linear(tape_, x, a.q_w, a.in_b, 0, -1, 0)->value;
+      k = ops::linear(tape_, x, a.k_w, a.in_b, 0, -1, H * Dk)->value;
+      v = ops::linear(tape_, x, a.v_w, a.in_b, 0, -1, H * Dk + G * Dk)->value;
+    }
+    // RoPE: rotate q and k by each row's positions
+    if (cfg_.positional == Positional::Rope) {
+      for (int64_t b = 0; b < B_; ++b) {
+        kernels::rope_apply(q.data<float>() + b * Tn * H * Dk, 1, Tn, H, Dk, H * Dk, pos[b], cfg_.rope_theta, false,
+                            num_threads());
+        kernels::rope_apply(k.data<float>() + b * Tn * G * Dk, 1, Tn, G, Dk, G * Dk, pos[b], cfg_.rope_theta, false,
+                            num_threads());
+      }
+    }
+    // cache[b, g, pos_b + i] <- k[b, i, g], v[b, i, g]
+    KV& kv = self_[layer];
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t i = 0; i < Tn; ++i)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t t = pos[b] + i;
+          const float* ks = k.data<float>() + (b * Tn + i) * G * Dk + g * Dk;
+          const float* vs = v.data<float>() + (b * Tn + i) * G * Dv + g * Dv;
+          std::copy(ks, ks + Dk, kv.k.data<float>() + ((b * G + g) * Tmax_ + t) * Dk);
+          std::copy(vs, vs + Dv, kv.v.data<float>() + ((b * G + g) * Tmax_ + t) * Dv);
+        }
+    // o <- softmax(q k^T / sqrt(Dk) + mask) v over each row's keys 0 .. its position
+    const int64_t Tk = uniform ? pos[0] + Tn : *std::max_element(pos.begin(), pos.end()) + 1;
+    const Tensor qT = q.as_strided({B_, H, Tn, Dk}, {Tn * H * Dk, Dk, H * Dk, 1}, 0);
+    const Tensor kT = kv.k.as_strided({B_, G, Tk, Dk}, {G * Tmax_ * Dk, Tmax_ * Dk, Dk, 1}, 0);
+    const Tensor vT = kv.v.as_strided({B_, G, Tk, Dv}, {G * Tmax_ * Dv, Tmax_ * Dv, Dv, 1}, 0);
+    AttentionSpec spec;
+    spec.alibi = cfg_.positional == Positional::Alibi;
+    if (uniform) {
+      spec.causal = true;  // bottom-right: query i sits at key index Tk - Tn + i = pos + i
+    } else {
+      Tensor len({B_}, DType::I64);
+      for (int64_t b = 0; b < B_; ++b) len.data<int64_t>()[b] = pos[b] + 1;
+      spec.key_lengths = len;
+    }
+    const AttentionOutput o = attention(qT, kT, vT, spec);
+    if (static_cast<int64_t>(layer) == capture_layer_ && cfg_.arch == Arch::Decoder) {
+      const Tensor w = attention_weights(qT, kT, o.lse, spec, 0, Tn);  // (B, H, Tn, Tk)
+      for (int64_t b = 0; b < B_; ++b)
+        for (int64_t i = 0; i < Tn; ++i) {
+          const int64_t p = pos[b] + i;
+          const float* row = w.data<float>() + ((b * H + capture_head_) * Tn + i) * Tk;
+          CaptureRows& rows = captured_[b];
+          if (static_cast<int64_t>(rows.size()) <= p) rows.resize(static_cast<size_t>(p + 1));
+          rows[p].assign(row, row + p + 1);
+        }
+    }
+    // out <- concat_h(o_h) W_o^T + b_o
+    const Tensor heads = o.out.permute({0, 2, 1, 3}).contiguous().view({B_, Tn, H * Dv});
+    return ops::linear(tape_, make_var(heads), a.out.w, a.out.b);
+  }
+
+  Var cross_attention(const nn::MultiHeadAttention& a, const Var& x, size_t layer, int64_t Tn) {
+    const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
+    // q <- x W_q^T + b_q ;  keys and values from the memory, computed in set_memory
+    const Tensor q = a.fused ? ops::linear(tape_, x, a.in_w, a.in_b, 0, H * Dk)->value
+                             : ops::linear(tape_, x, a.q_w, a.in_b, 0, -1, 0)->value;
+    const KV& kv = cross_[layer];
+    const int64_t S = kv.k.size(1);
+    const Tensor qT = q.as_strided({B_, H, Tn, Dk}, {Tn * H * Dk, Dk, H * Dk, 1}, 0);
+    const Tensor kT = kv.k.as_strided({B_, G, S, Dk}, {S * G * Dk, Dk, G * Dk, 1}, 0);
+    const Tensor vT = kv.v.as_strided({B_, G, S, Dv}, {S * G * Dv, Dv, G * Dv, 1}, 0);
+    AttentionSpec spec;
+    if (src_lengths_.defined()) spec.key_lengths = src_lengths_;
+    const AttentionOutput o = attention(qT, kT, vT, spec);
+    if (static_cast<int64_t>(layer) == capture_layer_) {
+      const Tensor w = attention_weights(qT, kT, o.lse, spec, Tn - 1, Tn);  // (B, H, 1, S)
+      for (int64_t b = 0; b < B_; ++b) {
+        const float* row = w.data<float>() + (b * H + capture_head_) * S;
+        captured_[b].emplace_back(row, row + S);
+      }
+    }
+    const Tensor heads = o.out.permute({0, 2, 1, 3}).contiguous().view({B_, Tn, H * Dv});
+    return ops::linear(tape_, make_var(heads), a.out.w, a.out.b);
+  }
+
+  Tensor gather_rows(const Tensor& t, const std::vector<int64_t>& from, int64_t filled) const {
+    // t: (B, G, Tmax, D); copies the first `filled` positions of each row
+    const int64_t G = t.size(1), D = t.size(3);
+    Tensor out = Tensor::empty(t.shape());
+    for (int64_t r = 0; r < B_; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const float* s = t.data<float>() + ((from[r] * G + g) * Tmax_) * D;
+        std::copy(s, s + filled * D, out.data<float>() + ((r * G + g) * Tmax_) * D);
+      }
+    return out;
+  }
+
+  const ModelConfig& cfg_;
+  const Model::Impl& m_;
+  int64_t B_, Tmax_;
+  Tape tape_;
+  std::vector<KV> self_, cross_;
+  Tensor src_lengths_;
+  int64_t capture_layer_ = -1, capture_head_ = 0;
+  std::vector<CaptureRows> captured_;
+};
+
+// log softmax of one row of logits, in double.
+std::vector<double> log_softmax(const float* z, int64_t V) {
+  double m = kNegInfD;
+  for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<double>(z[j]));
+  double s = 0;
+  for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(z[j]) - m);
+  const double lse = m + std::log(s);
+  std::vector<double> out(static_cast<size_t>(V));
+  for (int64_t j = 0; j < V; ++j) out[j] = static_cast<double>(z[j]) - lse;
+  return out;
+}
+
+// The next token of one row: greedy or sampled, after the repetition penalty.
+int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s, Rng& rng) {
+  std::vector<double> z(logits, logits + V);
+  // z_t <- z_t / penalty (z_t > 0) or z_t * penalty (z_t <= 0), once per token in the history
+  if (s.repetition_penalty != 1.0f) {
+    const std::set<int32_t> seen(history.begin(), history.end());
+    for (int32_t t : seen) z[t] = z[t] > 0 ? z[t] / s.repetition_penalty : z[t] * s.repetition_penalty;
+  }
+  if (s.greedy) return static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
+  // z <- z / temperature ; keep the top_k largest ; p <- softmax(z) ; keep the top_p nucleus
+  // (tokens ranked by logit, ties by id; no ranking needed without top-k or top-p)
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); };
+  if (s.top_p < 1.0f) {
+    std::sort(order.begin(), order.end(), before);
+  } else if (s.top_k > 0 && s.top_k < V) {
+    std::partial_sort(order.begin(), order.begin() + s.top_k, order.end(), before);
+  } else {
+    std::swap(order[0], order[std::max_element(z.begin(), z.end()) - z.begin()]);  // zmax first
+  }
+  int64_t keep = V;
+  if (s.top_k > 0) keep = std::min<int64_t>(keep, s.top_k);
+  const double zmax = z[order[0]];
+  std::vector<double> p(static_cast<size_t>(keep));
+  double sum = 0;
+  for (int64_t i = 0; i < keep; ++i) sum += p[i] = std::exp((z[order[i]] - zmax) / s.temperature);
+  if (s.top_p < 1.0f) {
+    double cum = 0;
+    int64_t n = 0;
+    while (n < keep) {
+      cum += p[n++] / sum;
+      if (cum >= s.top_p) break;
+    }
+    keep = std::max<int64_t>(1, n);
+    sum = 0;
+    for (int64_t i = 0; i < keep; ++i) sum += p[i];
+  }
+  // u ~ U[0, sum): the first token whose cumulative mass passes u
+  const double u = rng.uniform() * sum;
+  double cum = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    cum += p[i];
+    if (u < cum) return order[i];
+  }
+  return order[keep - 1];
+}
+
+int64_t resolve_eos(const GenerateConfig& g, const ModelConfig& c) { return g.eos_id == -2 ? c.eos_id : g.eos_id; }
+
+void check_ids(const std::vector<std::vector<int32_t>>& rows, int64_t V, const char* what) {
+  for (size_t b = 0; b < rows.size(); ++b) {
+    check(!rows[b].empty(), "generate: ", what, " ", b, " is empty");
+    for (size_t i = 0; i < rows[b].size(); ++i)
+      check(rows[b][i] >= 0 && rows[b][i] < V, "generate: ", what, " ", b, " token ", i, " = ", rows[b][i],
+            " is outside the vocabulary [0, ", V, ")");
+  }
+}
+
+void check_config(const GenerateConfig& g) {
+  check(g.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", g.max_new_tokens);
+  check(g.beam_size >= 1, "generate: beam_size must be >= 1, got ", g.beam_size);
+  check(g.sampling.temperature > 0, "generate: temperature must be > 0, got ", g.sampling.temperature);
+  check(g.sampling.top_k >= 0, "generate: top_k must be >= 0, got ", g.sampling.top_k);
+  check(g.sampling.top_p > 0 && g.sampling.top_p <= 1, "generate: top_p must be in (0, 1], got ", g.sampling.top_p);
+  check(g.sampling.repetition_penalty > 0, "generate: repetition_penalty must be > 0, got ",
+        g.sampling.repetition_penalty);
+  check(g.use_cache || !g.capture_attention, "generate: attention capture needs the cache (use_cache)");
+}
+
+// The shared driver. Each of the B * K rows holds a sequence (prefix + generated tokens); `feed`
+// runs the rows' newest tokens (or, without the cache, every row's whole sequence) and returns
+// the next-token logits (B * K, V).
+struct Driver {
+  const Model& model;
+  const GenerateConfig& g;
+  int64_t V, eos;
+  int64_t B, K;              // requests, beams per request
+  Session& session;
+  std::vector<std::vector<int32_t>> seq;  // (B * K): prefix + generated
+  std::vector<int64_t> prefix;            // (B * K): prefix length
+  bool decoder_only;
+
+  // Logits for the next token of every row, given that the rows' sequences grew by one token
+  // since the last call (or are new when first).
+  Tensor next_logits(bool first) {
+    const int64_t R = B * K;
+    if (first || !g.use_cache) {
+      // prefill: every row's whole sequence, right-padded with its first token
+      int64_t Tn = 0;
+      for (const auto& s : seq) Tn = std::max<int64_t>(Tn, static_cast<int64_t>(s.size()));
+      std::vector<int64_t> ids(static_cast<size_t>(R * Tn)), pos(static_cast<size_t>(R), 0), last(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) {
+        const auto& s = seq[r];
+        for (int64_t i = 0; i < Tn; ++i) ids[r * Tn + i] = i < static_cast<int64_t>(s.size()) ? s[i] : s[0];
+        last[r] = static_cast<int64_t>(s.size()) - 1;
+      }
+      return session.run(ids, Tn, pos, last);
+    }
+    std::vector<int64_t> ids(static_cast<size_t>(R)), pos(static_cast<size_t>(R)), last(static_cast<size_t>(R), 0);
+    for (int64_t r = 0; r < R; ++r) {
+      ids[r] = seq[r].back();
+      pos[r] = static_cast<int64_t>(seq[r].size()) - 1;
+    }
+    return session.run(ids, 1, pos, last);
+  }
+
+  std::vector<Generation> sample() {
+    Rng rng(g.sampling.seed);
+    std::vector<Generation> out(static_cast<size_t>(B));
+    std::vector<bool> done(static_cast<size_t>(B), false);
+    Tensor logits = next_logits(true);
+    for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+      for (int64_t b = 0; b < B; ++b) {
+        if (done[b]) continue;
+        const float* z = logits.data<float>() + b * V;
+        const int32_t t = choose(z, V, seq[b], g.sampling, rng);
+        out[b].logprob += log_softmax(z, V)[t];
+        out[b].tokens.push_back(t);
+        seq[b].push_back(t);
+        if (t == eos) done[b] = out[b].finished = true;
+      }
+      if (step + 1 == g.max_new_tokens || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+      // A finished row keeps being fed its last token at its last position: harmless, it is
+      // never read again.
+      for (int64_t b = 0; b < B; ++b)
+        if (done[b]) seq[b].pop_back();
+      logits = next_logits(false);
+      for (int64_t b = 0; b < B; ++b)
+        if (done[b]) seq[b].push_back(out[b].tokens.back());
+    }
+    return out;
+  }
+
+  std::vector<Generation> beam_search() {
+    struct Hyp {
+      double score;  // normalised
+      double logprob;
+      std::vector<int32_t> tokens;
+      CaptureRows attention;
+    };
+    const int64_t R = B * K;
+    std::vector<double> score(static_cast<size_t>(R), kNegInfD);  // running beams' log-probabilities
+    for (int64_t b = 0; b < B; ++b) score[b * K] = 0;  // only beam 0 is alive at first
+    std::vector<std::vector<Hyp>> finished(static_cast<size_t>(B));
+    std::vector<bool> done(static_cast<size_t>(B), false);
+    auto norm = [&](double lp, size_t len) { return lp / std::pow(static_cast<double>(len), g.length_penalty); };
+    Tensor logits = next_logits(true);
+    for (int64_t step = 0; step < g.max_new_tokens; ++step) {
+      std::vector<int64_t> from(static_cast<size_t>(R));
+      std::vector<int32_t> token(static_cast<size_t>(R));
+      std::vector<double> new_score(static_cast<size_t>(R), kNegInfD);
+      const bool last_step = step + 1 == g.max_new_tokens;
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t j = 0; j < K; ++j) from[b * K + j] = b * K + j, token[b * K + j] = seq[b * K + j].back();
+        if (done[b]) continue;
+        // candidates: the 2K best continuations of each live beam, ranked by total log-probability
+        struct Cand {
+          double s;
+          int64_t j;
+          int32_t t;
+        };
+        std::vector<Cand> cands;
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t r = b * K + j;
+          if (score[r] == kNegInfD) continue;
+          const std::vector<double> lp = log_softmax(logits.data<float>() + r * V, V);
+          std::vector<int32_t> idx(static_cast<size_t>(V));
+          std::iota(idx.begin(), idx.end(), 0);
+          const int64_t n = std::min<int64_t>(2 * K, V);
+          std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t x, int32_t y) {
+            return lp[x] > lp[y] || (lp[x] == lp[y] && x < y);
+          });
+          for (int64_t i = 0; i < n; ++i) cands.push_back({score[r] + lp[idx[i]], j, idx[i]});
+        }
+        std::stable_sort(cands.begin(), cands.end(), [](const Cand& x, const Cand& y) {
+          return x.s > y.s || (x.s == y.s && (x.j < y.j || (x.j == y.j && x.t < y.t)));
+        });
+        int64_t kept = 0;
+        for (size_t rank = 0; rank < cands.size() && kept < K; ++rank) {
+          const Cand& c = cands[rank];
+          const int64_t r = b * K + c.j;
+          std::vector<int32_t> toks(seq[r].begin() + prefix[r], seq[r].end());
+          toks.push_back(c.t);
+          if (c.t == eos) {
+            if (static_cast<int64_t>(rank) < K) {
+              CaptureRows att;
+              if (!session.captured().empty()) att = session.captured()[r];
+              finished[b].push_back({norm(c.s, toks.size()), c.s, toks, att});
+            }
+            continue;
+          }
+          from[b * K + kept] = r;
+          token[b * K + kept] = c.t;
+          new_score[b * K + kept] = c.s;
+          ++kept;
+        }
+        if (static_cast<int64_t>(finished[b].size()) >= K) done[b] = true;
+      }
+      // the beams move: rows, caches and scores follow their sources
+      std::vector<std::vector<int32_t>> new_seq(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) new_seq[r] = seq[from[r]];
+      for (int64_t b = 0; b < B; ++b)
+        if (!done[b])
+          for (int64_t j = 0; j < K; ++j) new_seq[b * K + j].push_back(token[b * K + j]);
+      int64_t filled = 0;
+      for (const auto& s : seq) filled = std::max<int64_t>(filled, static_cast<int64_t>(s.size()));
+      if (g.use_cache) session.reorder(from, filled);
+      seq = std::move(new_seq);
+      for (int64_t b = 0; b < B; ++b)
+        if (!done[b])
+          for (int64_t j = 0; j < K; ++j) score[b * K + j] = new_score[b * K + j];
+      if (last_step || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+      // done requests' rows: fed their last token again at its position (ignored)
+      std::vector<bool> grew(static_cast<size_t>(R));
+      for (int64_t r = 0; r < R; ++r) grew[r] = !done[r / K];
+      for (int64_t r = 0; r < R; ++r)
+        if (!grew[r]) seq[r].push_back(seq[r].back());
+      logits = next_logits(false);
+      for (int64_t r = 0; r < R; ++r)
+        if (!grew[r]) seq[r].pop_back();
+    }
+    std::vector<Generation> out(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) {
+      // Requests without K finished hypotheses also rank their live beams.
+      if (!done[b])
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t r = b * K + j;
+          if (score[r] == kNegInfD) continue;
+          std::vector<int32_t> toks(seq[r].begin() + prefix[r], seq[r].end());
+          CaptureRows att;
+          if (!session.captured().empty()) att = session.captured()[r];
+          finished[b].push_back({norm(score[r], toks.size()), score[r], toks, att});
+        }
+      const auto best = std::max_element(finished[b].begin(), finished[b].end(),
+                                         [](const Hyp& x, const Hyp& y) { return x.score < y.score; });
+      check(best != finished[b].end(), "beam search: internal: no hypothesis");
+      out[b].tokens = best->tokens;
+      out[b].logprob = best->logprob;
+      out[b].finished = !best->tokens.empty() && best->tokens.back() == eos;
+      out[b].attention.clear();
+      attach(out[b], best->attention, prefix[b * K]);
+    }
+    return out;
+  }
+
+  // Copies captured rows into a Generation as a dense rows x cols matrix. Decoder-only: the
+  // fed positions, prompt + generated - 1 (the last token is never fed); encoder-decoder: one
+  // row per generated token.
+  void attach(Generation& gen, const CaptureRows& rows, int64_t prefix_len) const {
+    if (rows.empty()) return;
+    const int64_t want = decoder_only ? prefix_len + static_cast<int64_t>(gen.tokens.size()) - 1
+                                      : static_cast<int64_t>(gen.tokens.size());
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(rows.size()), want);
+    int64_t cols = 0;
+    for (int64_t i = 0; i < n; ++i) cols = std::max<int64_t>(cols, static_cast<int64_t>(rows[i].size()));
+    gen.attention.assign(static_cast<size_t>(n * cols), 0.0f);
+    for (int64_t i = 0; i < n; ++i) std::copy(rows[i].begin(), rows[i].end(), gen.attention.begin() + i * cols);
+    gen.attention_rows = n;
+    gen.attention_cols = cols;
+  }
+};
+
+}  // namespace
+
+std::vector<Generation> generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
+                                 const GenerateConfig& g) {
+  const ModelConfig& c = model.config();
+  check(c.arch == Arch::Decoder, "generate: the model is ", arch_name(c.arch),
+        "; generate continues decoder-only models (use translate for encoder-decoder)");
+  check_config(g);
+  if (prompts.empty()) return {};
+  check_ids(prompts, c.vocab_size, "prompt");
+  const int64_t B = static_cast<int64_t>(prompts.size()), K = g.beam_size;
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  const int64_t Tmax = longest + g.max_new_tokens;
+  if (c.positional == Positional::Learned)
+    check(Tmax - 1 <= c.max_len, "generate: prompt (", longest, " tokens) + max_new_tokens (", g.max_new_tokens,
+          ") needs ", Tmax - 1, " positions; the model has max_len ", c.max_len);
+  Session session(model, B * K, Tmax, g);
+  Driver d{model, g, c.vocab_size, resolve_eos(g, c), B, K, session, {}, {}, true};
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < K; ++j) {
+      d.seq.push_back(prompts[b]);
+      d.prefix.push_back(static_cast<int64_t>(prompts[b].size()));
+    }
+  std::vector<Generation> out = K > 1 || g.beam_search ? d.beam_search() : d.sample();
+  if (K == 1 && !g.beam_search && g.capture_attention)
+    for (int64_t b = 0; b < B; ++b) {
+      d.attach(out[b], session.captured()[b], static_cast<int64_t>(prompts[b].size()));
+    }
+  return out;
+}
+
+std::vector<Generation> translate(const Model& model, const std::vector<std::vector<int32_t>>& sources,
+                                  const GenerateConfig& g) {
+  const ModelConfig& c = model.config();
+  check(c.arch == Arch::EncoderDecoder, "translate: the model is ", arch_name(c.arch), ", not encoder-decoder");
+  check(c.bos_id >= 0 && c.bos_id < c.vocab_size, "translate: the model's config needs a bos_id in [0, ",
+        c.vocab_size, "), got ", c.bos_id);
+  check_config(g);
+  if (sources.empty()) return {};
+  check_ids(sources, c.source_vocab(), "source");
+  const int64_t B = static_cast<int64_t>(sources.size()), K = g.beam_size, R = B * K;
+  int64_t S = 0;
+  for (const auto& s : sources) S = std::max<int64_t>(S, static_cast<int64_t>(s.size()));
+  if (c.positional == Positional::Learned) {
+    check(S <= c.max_len, "translate: a source of ", S, " tokens exceeds the model's max_len ", c.max_len);
+    check(g.max_new_tokens <= c.max_len, "translate: max_new_tokens ", g.max_new_tokens, " exceeds max_len ",
+          c.max_len);
+  }
+  // memory <- encoder(sources), right-padded; each row repeated for its K beams
+  Tensor src({R, S}, DType::I64), len({R}, DType::I64);
+  const int64_t pad = c.pad_id >= 0 ? c.pad_id : 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const auto& s = sources[r / K];
+    for (int64_t i = 0; i < S; ++i) src.data<int64_t>()[r * S + i] = i < static_cast<int64_t>(s.size()) ? s[i] : pad;
+    len.data<int64_t>()[r] = static_cast<int64_t>(s.size());
+  }
+  Tape tape;
+  tape.recording = false;
+  const Tensor memory = model.encode(tape, src, len)->value;
+  Session session(model, R, g.max_new_tokens, g);
+  session.set_memory(memory, len);
+  Driver d{model, g, c.vocab_size, resolve_eos(g, c), B, K, session, {}, {}, false};
+  for (int64_t r = 0; r < R; ++r) {
+    d.seq.push_back({static_cast<int32_t>(c.bos_id)});
+    d.prefix.push_back(1);
+  }
+  std::vector<Generation> out = K > 1 || g.beam_search ? d.beam_search() : d.sample();
+  if (K == 1 && !g.beam_search && g.capture_attention)
+    for (int64_t b = 0; b < B; ++b) d.attach(out[b], session.captured()[b], 1);
+  return out;
+}
+
+std::vector<std::vector<float>> next_token_logprobs(const Model& model,
+                                                    const std::vector<std::vector<int32_t>>& prompts) {
+  const ModelConfig& c = model.config();
+  check(c.arch == Arch::Decoder, "next_token_logprobs: the model is ", arch_name(c.arch), ", not decoder-only");
+  if (prompts.empty()) return {};
+  check_ids(prompts, c.vocab_size, "prompt");
+  GenerateConfig g;
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  int64_t longest = 0;
+  for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  Session session(model, B, longest, g);
+  Driver d{model, g, c.vocab_size, -1, B, 1, session, prompts, {}, true};
+  const Tensor logits = d.next_logits(true);
+  std::vector<std::vector<float>> out;
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<double> lp = log_softmax(logits.data<float>() + b * c.vocab_size, c.vocab_size);
+    out.emplace_back(lp.begin(), lp.end());
+  }
+  return out;
+}
+
+}  // namespace qkv

@@ -1,0 +1,360 @@
+// Readers (TSV pairs, parallel files, labeled TSV, plain lines), splits, LM windows and batching
+// by length. The rules are in include/qkv/data.h.
+#include "qkv/data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <numeric>
+#include <utility>
+
+#include "qkv/error.h"
+#include "qkv/rng.h"
+
+namespace qkv {
+namespace {
+
+constexpr const char* kSpace = " \t\r\n\v\f";
+
+std::string_view trim(std::string_view s) {
+  const size_t b = s.find_first_not_of(kSpace);
+  if (b == std::string_view::npos) return {};
+  const size_t e = s.find_last_not_of(kSpace);
+  return s.substr(b, e - b + 1);
+}
+
+bool is_blank(std::string_view s) { return s.find_first_not_of(kSpace) == std::string_view::npos; }
+
+void note_malformed(ReadReport& r, int64_t line, std::string reason) {
+  ++r.malformed;
+  if (r.first_malformed_line == 0) {
+    r.first_malformed_line = line;
+    r.first_malformed_reason = std::move(reason);
+  }
+}
+
+// "PATH: no usable pairs in 3 lines (3 malformed; first: line 1: no TAB)"
+void check_not_empty(const ReadReport& r, const std::string& path) {
+  if (r.used > 0) return;
+  std::string why = detail::concat(path, ": no usable ", r.unit, " in ", r.lines, r.lines == 1 ? " line" : " lines");
+  if (r.malformed > 0)
+    why += detail::concat(" (", r.malformed, " malformed; first: line ", r.first_malformed_line, ": ",
+                          r.first_malformed_reason, ")");
+  throw Error(why);
+}
+
+// One TSV line split at its single TAB into two trimmed, non-empty fields, or the reason it
+// cannot be ("" on success).
+std::string split_two(const std::string& line, const char* first, const char* second, std::string_view& a,
+                      std::string_view& b) {
+  if (std::string p = utf8_problem(line); !p.empty()) return p;
+  const size_t tabs = static_cast<size_t>(std::count(line.begin(), line.end(), '\t'));
+  if (tabs == 0) return "no TAB";
+  if (tabs > 1) return detail::concat(tabs, " TABs, expected 1");
+  const size_t t = line.find('\t');
+  a = trim(std::string_view(line).substr(0, t));
+  b = trim(std::string_view(line).substr(t + 1));
+  if (a.empty()) return detail::concat("empty ", first);
+  if (b.empty()) return detail::concat("empty ", second);
+  return "";
+}
+
+// Fisher-Yates: for i = n-1 down to 1, swap v[i] with v[j], j uniform in [0, i].
+template <class T>
+void shuffle_in_place(std::vector<T>& v, Rng& rng) {
+  for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
+}
+
+}  // namespace
+
+// ---- reading -------------------------------------------------------------------------------
+
+std::string ReadReport::summary(const std::string& path) const {
+  std::string s = detail::concat(path, ": ", used, " ", unit, " from ", lines, lines == 1 ? " line" : " lines");
+  if (malformed == 0) return s + "; no malformed lines";
+  return s + detail::concat("; ", malformed, malformed == 1 ? " malformed line" : " malformed lines",
+                            " skipped (first: line ", first_malformed_line, ": ", first_malformed_reason, ")");
+}
+
+LineReader::LineReader(const std::string& path) : path_(path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  check(st.type() != fs::file_type::not_found, path, ": no such file");  // other status errors: open() says
+  check(!fs::is_directory(st), path, ": is a directory, expected a text file");
+  in_.open(path, std::ios::binary);
+  check(in_.is_open(), path, ": cannot open for reading: ", std::strerror(errno));
+}
+
+bool LineReader::next(std::string& line) {
+  if (!std::getline(in_, line)) {
+    check(!in_.bad(), path_, ": read error after line ", line_);
+    return false;
+  }
+  ++line_;
+  // line <- line without one trailing '\r' and, on line 1, without a byte-order mark
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  if (line_ == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);
+  return true;
+}
+
+std::string utf8_problem(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const unsigned c = p[i];
+    if (c == 0) return detail::concat("NUL byte at byte ", i + 1);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // (len, lo, hi): the sequence length and the allowed range of the second byte, which is
+    // where overlong forms (E0, F0), surrogates (ED) and values above U+10FFFF (F4) are excluded.
+    size_t len = 0;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return detail::concat("invalid UTF-8 at byte ", i + 1);
+    }
+    if (i + len > n) return detail::concat("invalid UTF-8 at byte ", i + 1);
+    if (p[i + 1] < lo || p[i + 1] > hi) return detail::concat("invalid UTF-8 at byte ", i + 1);
+    for (size_t k = 2; k < len; ++k)
+      if ((p[i + k] & 0xC0) != 0x80) return detail::concat("invalid UTF-8 at byte ", i + 1);
+    i += len;
+  }
+  return "";
+}
+
+std::vector<TextPair> read_parallel_tsv(const std::string& path, ReadReport* report) {
+  ReadReport r;
+  r.unit = "pairs";
+  std::vector<TextPair> out;
+  LineReader in(path);
+  std::string line;
+  while (in.next(line)) {
+    ++r.lines;
+    if (is_blank(line)) continue;
+    std::string_view a, b;
+    if (std::string why = split_two(line, "source", "target", a, b); !why.empty()) {
+      note_malformed(r, in.line_number(), std::move(why));
+      continue;
+    }
+    out.push_back({std::string(a), std::string(b)});
+    ++r.used;
+  }
+  if (report) *report = r;
+  check_not_empty(r, path);
+  return out;
+}
+
+std::vector<TextPair> read_parallel_files(const std::string& src, const std::string& tgt, ReadReport* report) {
+  ReadReport r;
+  r.unit = "pairs";
+  std::vector<TextPair> out;
+  LineReader in_src(src), in_tgt(tgt);
+  std::string a, b;
+  for (;;) {
+    const bool has_a = in_src.next(a), has_b = in_tgt.next(b);
+    if (!has_a || !has_b) {
+      // Count what is left of the longer file, to name both counts.
+      if (has_a || has_b) {
+        LineReader& rest = has_a ? in_src : in_tgt;
+        std::string& buf = has_a ? a : b;
+        while (rest.next(buf)) {
+        }
+        throw Error(detail::concat("parallel files differ in length: ", src, " has ", in_src.line_number(),
+                                   " lines but ", tgt, " has ", in_tgt.line_number(),
+                                   " lines; expected one line per sentence pair in each"));
+      }
+      break;
+    }
+    ++r.lines;
+    const int64_t ln = in_src.line_number();
+    if (std::string p = utf8_problem(a); !p.empty()) {
+      note_malformed(r, ln, "source: " + p);
+      continue;
+    }
+    if (std::string p = utf8_problem(b); !p.empty()) {
+      note_malformed(r, ln, "target: " + p);
+      continue;
+    }
+    const std::string_view ta = trim(a), tb = trim(b);
+    if (ta.empty() && tb.empty()) continue;
+    if (ta.empty() || tb.empty()) {
+      note_malformed(r, ln, ta.empty() ? "empty source" : "empty target");
+      continue;
+    }
+    out.push_back({std::string(ta), std::string(tb)});
+    ++r.used;
+  }
+  if (report) *report = r;
+  check_not_empty(r, src + " + " + tgt);
+  return out;
+}
+
+std::vector<LabeledText> read_labeled_tsv(const std::string& path, ReadReport* report) {
+  ReadReport r;
+  r.unit = "labeled texts";
+  std::vector<LabeledText> out;
+  LineReader in(path);
+  std::string line;
+  while (in.next(line)) {
+    ++r.lines;
+    if (is_blank(line)) continue;
+    std::string_view a, b;
+    if (std::string why = split_two(line, "label", "text", a, b); !why.empty()) {
+      note_malformed(r, in.line_number(), std::move(why));
+      continue;
+    }
+    out.push_back({std::string(a), std::string(b)});
+    ++r.used;
+  }
+  if (report) *report = r;
+  check_not_empty(r, path);
+  return out;
+}
+
+std::vector<std::string> read_lines(const std::string& path, ReadReport* report) {
+  ReadReport r;
+  r.unit = "text lines";
+  std::vector<std::string> out;
+  LineReader in(path);
+  std::string line;
+  bool pending_break = false;  // a blank line was seen since the last text line
+  while (in.next(line)) {
+    ++r.lines;
+    if (std::string p = utf8_problem(line); !p.empty()) {
+      note_malformed(r, in.line_number(), std::move(p));
+      continue;
+    }
+    if (is_blank(line)) {
+      pending_break = !out.empty();
+      continue;
+    }
+    // out <- out + [""] when blank lines separate this line from the previous text line
+    if (pending_break) out.emplace_back();
+    pending_break = false;
+    out.push_back(line);
+    ++r.used;
+  }
+  if (report) *report = r;
+  check_not_empty(r, path);
+  return out;
+}
+
+// ---- splits and batches --------------------------------------------------------------------
+
+SplitIndices split_indices(int64_t n, double valid_fraction, double test_fraction, uint64_t seed) {
+  check(n >= 1, "split_indices: n = ", n, " examples, expected n >= 1");
+  for (auto [name, f] : {std::pair{"valid_fraction", valid_fraction}, std::pair{"test_fraction", test_fraction}})
+    check(std::isfinite(f) && f >= 0.0 && f < 1.0, "split_indices: ", name, " = ", f, ", expected 0 <= f < 1");
+  check(valid_fraction + test_fraction < 1.0, "split_indices: valid_fraction + test_fraction = ",
+        valid_fraction + test_fraction, ", expected < 1 (something must be left to train on)");
+  // count(f) <- round(n f), at least 1 when f > 0
+  auto count = [n](double f) {
+    int64_t c = static_cast<int64_t>(std::llround(static_cast<double>(n) * f));
+    if (f > 0.0) c = std::max<int64_t>(c, 1);
+    return std::min(c, n);
+  };
+  const int64_t n_valid = count(valid_fraction), n_test = count(test_fraction);
+  check(n_valid + n_test < n, "split_indices: n = ", n, " examples cannot give ", n_valid, " valid and ", n_test,
+        " test examples and still leave one to train on");
+  // perm <- Fisher-Yates permutation of [0, n) with Rng(seed)
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  Rng rng(seed);
+  shuffle_in_place(perm, rng);
+  SplitIndices s;
+  s.valid.assign(perm.begin(), perm.begin() + n_valid);
+  s.test.assign(perm.begin() + n_valid, perm.begin() + n_valid + n_test);
+  s.train.assign(perm.begin() + n_valid + n_test, perm.end());
+  for (auto* v : {&s.train, &s.valid, &s.test}) std::sort(v->begin(), v->end());
+  return s;
+}
+
+std::vector<std::vector<int32_t>> pack_windows(const std::vector<int32_t>& ids, int64_t window) {
+  check(window >= 1, "pack_windows: window = ", window, ", expected >= 1");
+  const int64_t n = static_cast<int64_t>(ids.size());
+  check(n >= window + 1, "pack_windows: ", n, " tokens, expected at least window + 1 = ", window + 1,
+        " for one window");
+  // w_k <- ids[k window, k window + window + 1) for k in [0, (n - 1) / window)
+  const int64_t count = (n - 1) / window;
+  std::vector<std::vector<int32_t>> out;
+  out.reserve(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k)
+    out.emplace_back(ids.begin() + k * window, ids.begin() + k * window + window + 1);
+  return out;
+}
+
+BatchPlan batch_by_length(const std::vector<int64_t>& lengths, int64_t max_tokens, uint64_t seed, bool shuffle) {
+  check(max_tokens >= 1, "batch_by_length: max_tokens = ", max_tokens, ", expected >= 1");
+  const int64_t n = static_cast<int64_t>(lengths.size());
+  for (int64_t i = 0; i < n; ++i)
+    check(lengths[i] >= 1, "batch_by_length: lengths[", i, "] = ", lengths[i], ", expected >= 1");
+  BatchPlan plan;
+  if (n == 0) return plan;
+
+  // Sorts one pool by (length, index) and appends its batches: a batch grows while
+  // (count + 1) * length <= max_tokens; lengths ascend, so the newcomer is the longest.
+  auto cut_pool = [&](std::vector<int64_t>::iterator first, std::vector<int64_t>::iterator last) {
+    std::sort(first, last, [&](int64_t a, int64_t b) {
+      return lengths[a] != lengths[b] ? lengths[a] < lengths[b] : a < b;
+    });
+    std::vector<int64_t> batch;
+    for (auto it = first; it != last; ++it) {
+      const int64_t len = lengths[*it];
+      const int64_t fit = max_tokens / len;  // examples of this length the budget allows
+      if (!batch.empty() && static_cast<int64_t>(batch.size()) + 1 > fit) {
+        plan.batches.push_back(std::move(batch));
+        batch.clear();
+      }
+      batch.push_back(*it);
+    }
+    if (!batch.empty()) plan.batches.push_back(std::move(batch));
+  };
+
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (!shuffle) {
+    cut_pool(order.begin(), order.end());
+    return plan;
+  }
+  // order <- a permutation of [0, n); pools <- runs of order holding >= pool_tokens tokens
+  Rng rng(seed);
+  shuffle_in_place(order, rng);
+  constexpr int64_t kPoolBatches = 100;
+  const int64_t pool_tokens = max_tokens > std::numeric_limits<int64_t>::max() / kPoolBatches
+                                  ? std::numeric_limits<int64_t>::max()
+                                  : max_tokens * kPoolBatches;
+  auto start = order.begin();
+  int64_t tokens = 0;
+  for (auto it = order.begin(); it != order.end(); ++it) {
+    const int64_t len = lengths[*it];
+    const bool full = len >= pool_tokens - tokens;  // tokens + len >= pool_tokens, without overflow
+    tokens += full ? 0 : len;
+    if (full) {
+      cut_pool(start, it + 1);
+      start = it + 1;
+      tokens = 0;
+    }
+  }
+  if (start != order.end()) cut_pool(start, order.end());
+  // batches <- batches in shuffled order
+  shuffle_in_place(plan.batches, rng);
+  return plan;
+}
+
+}  // namespace qkv

@@ -1,0 +1,529 @@
+// The data layer: readers (malformed lines counted and skipped, CRLF, UTF-8, errors naming the
+// file), splits, LM windows, batching by length, and the Debian corpora (a Ding fixture, the
+// real Ding file and the KJV when they are installed).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "error_testing.h"
+#include "file_testing.h"
+#include "qkv/data.h"
+#include "qkv/rng.h"
+
+namespace {
+
+using qkv::ReadReport;
+using qkv::TextPair;
+using qkv::testing::error_of;
+using qkv::testing::TempDir;
+using qkv::testing::write_bytes;
+using namespace std::string_literals;
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_TRUE(contains(haystack, needle)) << "expected \"" << (needle) << "\" in: " << (haystack)
+
+// ---------------------------------------------------------------------------------------------
+// Readers
+
+TEST(ReadParallelTsv, CountsAndSkipsMalformedLines) {
+  TempDir dir("data");
+  const std::string path = dir / "pairs.tsv";
+  write_bytes(path,
+              "Hello\tHallo\n"                    // 1 ok
+              "no tab here\n"                     // 2 no TAB
+              "a\tb\tc\n"                         // 3 two tabs
+              "\tleer\n"                          // 4 empty source
+              "empty target\t   \n"               // 5 empty target
+              "\n"                                // 6 blank: skipped, not malformed
+              "Good night\tGute Nacht\r\n"        // 7 ok, CRLF
+              "bad \xC3\x28 byte\tx\n"            // 8 invalid UTF-8 at byte 5
+              "  spaced  \t  out  \n");           // 9 ok, fields trimmed
+  ReadReport r;
+  const std::vector<TextPair> pairs = qkv::read_parallel_tsv(path, &r);
+  ASSERT_EQ(pairs.size(), 3u);
+  EXPECT_EQ(pairs[0].source, "Hello");
+  EXPECT_EQ(pairs[0].target, "Hallo");
+  EXPECT_EQ(pairs[1].source, "Good night");
+  EXPECT_EQ(pairs[1].target, "Gute Nacht");  // no '\r'
+  EXPECT_EQ(pairs[2].source, "spaced");
+  EXPECT_EQ(pairs[2].target, "out");
+  EXPECT_EQ(r.lines, 9);
+  EXPECT_EQ(r.used, 3);
+  EXPECT_EQ(r.malformed, 5);
+  EXPECT_EQ(r.first_malformed_line, 2);
+  EXPECT_EQ(r.first_malformed_reason, "no TAB");
+  EXPECT_EQ(r.summary("pairs.tsv"), "pairs.tsv: 3 pairs from 9 lines; 5 malformed lines skipped (first: line 2: no TAB)");
+}
+
+TEST(ReadParallelTsv, ReasonForEachKindOfMalformedLine) {
+  TempDir dir("data");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"no tab", "no TAB"},
+      {"a\tb\tc\td", "3 TABs, expected 1"},
+      {" \tx", "empty source"},
+      {"x\t", "empty target"},
+      {"x\xFF\ty", "invalid UTF-8 at byte 2"},
+      {"x\ty\xE2\x82", "invalid UTF-8 at byte 4"},  // truncated sequence at the end
+      {"x\0y\tz"s, "NUL byte at byte 2"},
+  };
+  for (const auto& [line, reason] : cases) {
+    const std::string path = dir / "one.tsv";
+    write_bytes(path, "ok\tgut\n" + line + "\n");
+    ReadReport r;
+    qkv::read_parallel_tsv(path, &r);
+    EXPECT_EQ(r.malformed, 1) << line;
+    EXPECT_EQ(r.first_malformed_line, 2) << line;
+    EXPECT_EQ(r.first_malformed_reason, reason) << line;
+  }
+}
+
+TEST(ReadParallelTsv, CrlfAndByteOrderMark) {
+  TempDir dir("data");
+  const std::string path = dir / "crlf.tsv";
+  write_bytes(path, "\xEF\xBB\xBF" "Eins\tOne\r\nZwei\tTwo\r\nDrei\tThree");  // no final newline
+  ReadReport r;
+  const auto pairs = qkv::read_parallel_tsv(path, &r);
+  ASSERT_EQ(pairs.size(), 3u);
+  EXPECT_EQ(pairs[0].source, "Eins");  // the BOM is gone
+  EXPECT_EQ(pairs[1].target, "Two");   // the CR is gone
+  EXPECT_EQ(pairs[2].target, "Three");
+  EXPECT_EQ(r.malformed, 0);
+  EXPECT_EQ(r.summary("crlf.tsv"), "crlf.tsv: 3 pairs from 3 lines; no malformed lines");
+}
+
+TEST(ReadParallelTsv, KeepsValidMultibyteUtf8) {
+  TempDir dir("data");
+  const std::string path = dir / "utf8.tsv";
+  write_bytes(path, "Grüße, 東京 \xF0\x9F\x98\x80\tGreetings\n");
+  const auto pairs = qkv::read_parallel_tsv(path, nullptr);
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].source, "Grüße, 東京 \xF0\x9F\x98\x80");
+}
+
+TEST(Utf8Problem, RejectsEveryIllFormedSequence) {
+  EXPECT_EQ(qkv::utf8_problem("plain ASCII"), "");
+  EXPECT_EQ(qkv::utf8_problem("\xC3\xA4\xE2\x82\xAC\xF0\x9F\x98\x80\xF4\x8F\xBF\xBF"), "");  // ä € 😀 U+10FFFF
+  EXPECT_EQ(qkv::utf8_problem("a\x80"), "invalid UTF-8 at byte 2");              // lone continuation byte
+  EXPECT_EQ(qkv::utf8_problem("\xC0\x80"), "invalid UTF-8 at byte 1");           // overlong NUL
+  EXPECT_EQ(qkv::utf8_problem("\xC1\xBF"), "invalid UTF-8 at byte 1");           // overlong
+  EXPECT_EQ(qkv::utf8_problem("\xE0\x80\x80"), "invalid UTF-8 at byte 1");       // overlong 3-byte
+  EXPECT_EQ(qkv::utf8_problem("\xED\xA0\x80"), "invalid UTF-8 at byte 1");       // surrogate U+D800
+  EXPECT_EQ(qkv::utf8_problem("\xF0\x80\x80\x80"), "invalid UTF-8 at byte 1");   // overlong 4-byte
+  EXPECT_EQ(qkv::utf8_problem("\xF4\x90\x80\x80"), "invalid UTF-8 at byte 1");   // above U+10FFFF
+  EXPECT_EQ(qkv::utf8_problem("\xF5\x80\x80\x80"), "invalid UTF-8 at byte 1");
+  EXPECT_EQ(qkv::utf8_problem("ab\xE2\x82"), "invalid UTF-8 at byte 3");         // truncated
+  EXPECT_EQ(qkv::utf8_problem("\xE2\x28\xA1"), "invalid UTF-8 at byte 1");       // bad second byte
+  EXPECT_EQ(qkv::utf8_problem("\xE2\x82\x28"), "invalid UTF-8 at byte 1");       // bad third byte
+  EXPECT_EQ(qkv::utf8_problem("ab\0"s), "NUL byte at byte 3");
+}
+
+TEST(ReadParallelTsv, EmptyOrUselessFileIsAnErrorNamingThePath) {
+  TempDir dir("data");
+  const std::string empty = dir / "empty.tsv";
+  write_bytes(empty, "");
+  std::string msg = error_of([&] { qkv::read_parallel_tsv(empty, nullptr); });
+  EXPECT_CONTAINS(msg, empty);
+  EXPECT_CONTAINS(msg, "no usable pairs in 0 lines");
+
+  const std::string useless = dir / "useless.tsv";
+  write_bytes(useless, "\nno tab\n\n");
+  msg = error_of([&] { qkv::read_parallel_tsv(useless, nullptr); });
+  EXPECT_CONTAINS(msg, useless);
+  EXPECT_CONTAINS(msg, "no usable pairs in 3 lines (1 malformed; first: line 2: no TAB)");
+}
+
+TEST(Readers, MissingFileAndDirectoryAreErrorsNamingThePath) {
+  TempDir dir("data");
+  const std::string missing = dir / "missing.tsv";
+  EXPECT_EQ(error_of([&] { qkv::read_parallel_tsv(missing, nullptr); }), missing + ": no such file");
+  EXPECT_EQ(error_of([&] { qkv::read_labeled_tsv(missing, nullptr); }), missing + ": no such file");
+  EXPECT_EQ(error_of([&] { qkv::read_lines(missing, nullptr); }), missing + ": no such file");
+  EXPECT_EQ(error_of([&] { qkv::ding_sentence_pairs(missing, nullptr); }), missing + ": no such file");
+  const std::string d = dir.path().string();
+  EXPECT_EQ(error_of([&] { qkv::read_parallel_tsv(d, nullptr); }), d + ": is a directory, expected a text file");
+  if (::geteuid() != 0) {  // root reads everything
+    const std::string locked = dir / "locked.tsv";
+    write_bytes(locked, "a\tb\n");
+    std::filesystem::permissions(locked, std::filesystem::perms::none);
+    EXPECT_CONTAINS(error_of([&] { qkv::read_parallel_tsv(locked, nullptr); }), locked + ": cannot open for reading");
+  }
+}
+
+TEST(ReadParallelFiles, PairsLinesAndCountsMalformed) {
+  TempDir dir("data");
+  const std::string src = dir / "train.en", tgt = dir / "train.de";
+  write_bytes(src, "Hello\r\n\nGood day\n\nx\xFFy\nOnly source\n");
+  write_bytes(tgt, "Hallo\r\n\nGuten Tag\nOnly target\nok\n  \n");
+  ReadReport r;
+  const auto pairs = qkv::read_parallel_files(src, tgt, &r);
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_EQ(pairs[0].source, "Hello");
+  EXPECT_EQ(pairs[0].target, "Hallo");
+  EXPECT_EQ(pairs[1].source, "Good day");
+  EXPECT_EQ(pairs[1].target, "Guten Tag");
+  EXPECT_EQ(r.lines, 6);
+  EXPECT_EQ(r.malformed, 3);  // lines 4 (empty source), 5 (bad UTF-8), 6 (empty target)
+  EXPECT_EQ(r.first_malformed_line, 4);
+  EXPECT_EQ(r.first_malformed_reason, "empty source");
+}
+
+TEST(ReadParallelFiles, DifferentLineCountsNameBothFilesAndCounts) {
+  TempDir dir("data");
+  const std::string src = dir / "a.en", tgt = dir / "a.de";
+  write_bytes(src, "one\ntwo\nthree\n");
+  write_bytes(tgt, "eins\nzwei\n");
+  const std::string msg = error_of([&] { qkv::read_parallel_files(src, tgt, nullptr); });
+  EXPECT_CONTAINS(msg, src + " has 3 lines");
+  EXPECT_CONTAINS(msg, tgt + " has 2 lines");
+  // and the other way round
+  const std::string msg2 = error_of([&] { qkv::read_parallel_files(tgt, src, nullptr); });
+  EXPECT_CONTAINS(msg2, tgt + " has 2 lines");
+  EXPECT_CONTAINS(msg2, src + " has 3 lines");
+}
+
+TEST(ReadLabeledTsv, LabelsAndTexts) {
+  TempDir dir("data");
+  const std::string path = dir / "labels.tsv";
+  write_bytes(path, "pos\tA fine film.\r\n\tno label\nneg\tDull.\n");
+  ReadReport r;
+  const auto rows = qkv::read_labeled_tsv(path, &r);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].label, "pos");
+  EXPECT_EQ(rows[0].text, "A fine film.");
+  EXPECT_EQ(rows[1].label, "neg");
+  EXPECT_EQ(r.first_malformed_line, 2);
+  EXPECT_EQ(r.first_malformed_reason, "empty label");
+  EXPECT_EQ(r.summary("labels.tsv"),
+            "labels.tsv: 2 labeled texts from 3 lines; 1 malformed line skipped (first: line 2: empty label)");
+}
+
+TEST(ReadLines, BlankLineRunsBecomeOneParagraphBreak) {
+  TempDir dir("data");
+  const std::string path = dir / "text.txt";
+  write_bytes(path, "\n \nFirst line\r\n  indented stays\n\n\n\t\nSecond \xC3 paragraph\nThird paragraph\n\n");
+  ReadReport r;
+  const auto lines = qkv::read_lines(path, &r);
+  // The malformed line is skipped; the blank run before it still separates paragraphs.
+  const std::vector<std::string> want = {"First line", "  indented stays", "", "Third paragraph"};
+  EXPECT_EQ(lines, want);
+  EXPECT_EQ(r.used, 3);
+  EXPECT_EQ(r.lines, 10);
+  EXPECT_EQ(r.malformed, 1);
+  EXPECT_EQ(r.first_malformed_line, 8);
+  EXPECT_EQ(r.first_malformed_reason, "invalid UTF-8 at byte 8");
+
+  const std::string blank = dir / "blank.txt";
+  write_bytes(blank, "\n\n   \n");
+  EXPECT_CONTAINS(error_of([&] { qkv::read_lines(blank, nullptr); }), blank + ": no usable text lines in 3 lines");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Splits
+
+TEST(SplitIndices, SizesDisjointCoveringAndSorted) {
+  const int64_t n = 1000;
+  const qkv::SplitIndices s = qkv::split_indices(n, 0.1, 0.05, 42);
+  EXPECT_EQ(s.valid.size(), 100u);
+  EXPECT_EQ(s.test.size(), 50u);
+  EXPECT_EQ(s.train.size(), 850u);
+  std::vector<int64_t> all;
+  for (const auto* v : {&s.train, &s.valid, &s.test}) {
+    EXPECT_TRUE(std::is_sorted(v->begin(), v->end()));
+    all.insert(all.end(), v->begin(), v->end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> want(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(all, want);  // each index exactly once: disjoint and covering
+}
+
+TEST(SplitIndices, ReproducibleBySeed) {
+  const auto a = qkv::split_indices(500, 0.2, 0.2, 7), b = qkv::split_indices(500, 0.2, 0.2, 7);
+  EXPECT_EQ(a.train, b.train);
+  EXPECT_EQ(a.valid, b.valid);
+  EXPECT_EQ(a.test, b.test);
+  const auto c = qkv::split_indices(500, 0.2, 0.2, 8);
+  EXPECT_NE(a.valid, c.valid);
+}
+
+TEST(SplitIndices, SmallCorporaAndImpossibleSplits) {
+  // At least one in valid and test when their fraction > 0.
+  const auto s = qkv::split_indices(3, 0.01, 0.01, 1);
+  EXPECT_EQ(s.train.size(), 1u);
+  EXPECT_EQ(s.valid.size(), 1u);
+  EXPECT_EQ(s.test.size(), 1u);
+  const auto only_train = qkv::split_indices(5, 0.0, 0.0, 1);
+  EXPECT_EQ(only_train.train.size(), 5u);
+  EXPECT_TRUE(only_train.valid.empty() && only_train.test.empty());
+  EXPECT_EQ(qkv::split_indices(2, 0.5, 0.0, 1).train.size(), 1u);
+
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(2, 0.1, 0.1, 1); }), "n = 2 examples cannot give 1 valid and 1 test");
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(10, 0.5, 0.46, 1); }), "cannot give 5 valid and 5 test");
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(0, 0.1, 0.1, 1); }), "n = 0");
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(10, -0.1, 0.1, 1); }), "valid_fraction = -0.1");
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(10, 0.1, 1.0, 1); }), "test_fraction = 1");
+  EXPECT_CONTAINS(error_of([] { qkv::split_indices(10, 0.6, 0.4, 1); }), "valid_fraction + test_fraction = 1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// LM windows
+
+TEST(PackWindows, OverlapByOneAndDropThePartialWindow) {
+  std::vector<int32_t> ids(11);
+  for (int32_t i = 0; i < 11; ++i) ids[static_cast<size_t>(i)] = 100 + i;
+  const auto w = qkv::pack_windows(ids, 4);
+  ASSERT_EQ(w.size(), 2u);  // (11 - 1) / 4
+  EXPECT_EQ(w[0], (std::vector<int32_t>{100, 101, 102, 103, 104}));
+  EXPECT_EQ(w[1], (std::vector<int32_t>{104, 105, 106, 107, 108}));  // 109, 110 dropped
+
+  // An exact fit uses every token; each token after the first is a target exactly once.
+  ids.resize(9);
+  const auto exact = qkv::pack_windows(ids, 4);
+  ASSERT_EQ(exact.size(), 2u);
+  std::vector<int32_t> targets;
+  for (const auto& x : exact) targets.insert(targets.end(), x.begin() + 1, x.end());
+  EXPECT_EQ(targets, std::vector<int32_t>(ids.begin() + 1, ids.end()));
+
+  EXPECT_EQ(qkv::pack_windows({7, 8}, 1), (std::vector<std::vector<int32_t>>{{7, 8}}));
+  EXPECT_CONTAINS(error_of([] { qkv::pack_windows({1, 2, 3, 4}, 4); }), "4 tokens, expected at least window + 1 = 5");
+  EXPECT_CONTAINS(error_of([] { qkv::pack_windows({1, 2, 3}, 0); }), "window = 0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batching by length
+
+std::vector<int64_t> random_lengths(int64_t n, uint64_t seed) {
+  qkv::Rng rng(seed);
+  std::vector<int64_t> len(static_cast<size_t>(n));
+  for (auto& l : len) l = 1 + static_cast<int64_t>(rng.below(120));
+  return len;
+}
+
+// Every index exactly once; every batch within budget or a lone over-long example; each batch
+// sorted by (length, index).
+void expect_valid_plan(const qkv::BatchPlan& plan, const std::vector<int64_t>& len, int64_t max_tokens) {
+  std::vector<int64_t> seen;
+  for (const auto& b : plan.batches) {
+    ASSERT_FALSE(b.empty());
+    int64_t longest = 0;
+    for (int64_t i : b) longest = std::max(longest, len[static_cast<size_t>(i)]);
+    if (b.size() > 1) {
+      EXPECT_LE(static_cast<int64_t>(b.size()) * longest, max_tokens);
+    }
+    EXPECT_TRUE(std::is_sorted(b.begin(), b.end(), [&](int64_t x, int64_t y) {
+      return std::pair(len[static_cast<size_t>(x)], x) < std::pair(len[static_cast<size_t>(y)], y);
+    }));
+    seen.insert(seen.end(), b.begin(), b.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  ASSERT_EQ(seen.size(), len.size());
+  for (size_t i = 0; i < seen.size(); ++i) ASSERT_EQ(seen[i], static_cast<int64_t>(i));
+}
+
+TEST(BatchByLength, BudgetRespectedEveryIndexOnce) {
+  std::vector<int64_t> len = random_lengths(20000, 3);
+  len[17] = 5000;  // over-long examples: batches of their own
+  len[4242] = 1025;
+  const int64_t max_tokens = 1024;
+  const qkv::BatchPlan plan = qkv::batch_by_length(len, max_tokens, 11, true);
+  expect_valid_plan(plan, len, max_tokens);
+  int lone = 0;
+  for (const auto& b : plan.batches)
+    if (b.size() == 1 && (b[0] == 17 || b[0] == 4242)) ++lone;
+  EXPECT_EQ(lone, 2);
+  // Sorting inside pools of ~100 batches keeps padding low: padded tokens / real tokens.
+  double real = 0, padded = 0;
+  for (const auto& b : plan.batches) {
+    int64_t longest = 0;
+    for (int64_t i : b) {
+      real += static_cast<double>(len[static_cast<size_t>(i)]);
+      longest = std::max(longest, len[static_cast<size_t>(i)]);
+    }
+    padded += static_cast<double>(longest) * static_cast<double>(b.size());
+  }
+  EXPECT_LT(padded / real, 1.1);
+}
+
+TEST(BatchByLength, DeterministicBySeedAndShuffled) {
+  const std::vector<int64_t> len = random_lengths(5000, 4);
+  const auto a = qkv::batch_by_length(len, 512, 1, true), b = qkv::batch_by_length(len, 512, 1, true);
+  EXPECT_EQ(a.batches, b.batches);
+  const auto c = qkv::batch_by_length(len, 512, 2, true);
+  expect_valid_plan(c, len, 512);
+  EXPECT_NE(a.batches, c.batches);
+  // The batch order is shuffled: batch lengths are not monotone.
+  auto longest = [&](const std::vector<int64_t>& bt) { return len[static_cast<size_t>(bt.back())]; };
+  bool rises = false, falls = false;
+  for (size_t i = 1; i < a.batches.size(); ++i) {
+    rises |= longest(a.batches[i]) > longest(a.batches[i - 1]);
+    falls |= longest(a.batches[i]) < longest(a.batches[i - 1]);
+  }
+  EXPECT_TRUE(rises && falls);
+}
+
+TEST(BatchByLength, WithoutShuffleOneSortedPool) {
+  const std::vector<int64_t> len = {5, 3, 3, 9, 1, 4, 4, 2};
+  const auto plan = qkv::batch_by_length(len, 8, 123, false);
+  expect_valid_plan(plan, len, 8);
+  // (length, index) order: 4(1) 7(2) 1(3) 2(3) 5(4) 6(4) 0(5) 3(9)
+  const std::vector<std::vector<int64_t>> want = {{4, 7}, {1, 2}, {5, 6}, {0}, {3}};
+  EXPECT_EQ(plan.batches, want);
+  EXPECT_EQ(qkv::batch_by_length(len, 8, 999, false).batches, want);  // seed unused
+}
+
+TEST(BatchByLength, EdgeCasesAndErrors) {
+  EXPECT_TRUE(qkv::batch_by_length({}, 10, 0, true).batches.empty());
+  EXPECT_EQ(qkv::batch_by_length({3}, 1, 0, true).batches, (std::vector<std::vector<int64_t>>{{0}}));
+  EXPECT_CONTAINS(error_of([] { qkv::batch_by_length({1, 2}, 0, 0, true); }), "max_tokens = 0, expected >= 1");
+  EXPECT_CONTAINS(error_of([] { qkv::batch_by_length({1, 0, 2}, 8, 0, true); }), "lengths[1] = 0, expected >= 1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ding
+
+TEST(DingWholeSentence, TheRule) {
+  using qkv::ding_whole_sentence;
+  EXPECT_EQ(ding_whole_sentence("Es war purer Zufall."), "Es war purer Zufall.");
+  EXPECT_EQ(ding_whole_sentence("Über den Wolken ist es schön."), "Über den Wolken ist es schön.");
+  EXPECT_EQ(ding_whole_sentence("Guten Appetit!; Mahlzeit!"), "Guten Appetit!");  // first alternative
+  EXPECT_EQ(ding_whole_sentence("Das ist blanker Unsinn. [ugs.]"), "Das ist blanker Unsinn.");
+  EXPECT_EQ(ding_whole_sentence("Unser Leben währet siebzig Jahre. (Bibelzitat)"), "Unser Leben währet siebzig Jahre.");
+  EXPECT_EQ(ding_whole_sentence("Mir war nicht danach (zumute), mich zu setzen."), "Mir war nicht danach, mich zu setzen.");
+  EXPECT_EQ(ding_whole_sentence("He said <hallo> hello (to (them)) twice!"), "He said hello twice!");
+  EXPECT_EQ(ding_whole_sentence("Is it open (on Sundays; holidays)?; Is it open?"), "Is it open?");  // ';' in brackets
+  EXPECT_EQ(ding_whole_sentence("We are open 24/7."), "We are open 24/7.");
+  EXPECT_EQ(ding_whole_sentence("Baum fällt!"), "Baum fällt!");
+  // Rejected:
+  EXPECT_EQ(ding_whole_sentence("Aal {m}"), "");                            // grammar tag
+  EXPECT_EQ(ding_whole_sentence("Er kommt {vi}."), "");                     // grammar tag
+  EXPECT_EQ(ding_whole_sentence("Timber!"), "");                            // one word
+  EXPECT_EQ(ding_whole_sentence("Gefahr im Verzug"), "");                   // no end mark
+  EXPECT_EQ(ding_whole_sentence("to descry sth."), "");                     // lower case
+  EXPECT_EQ(ding_whole_sentence("Er gab jdm. den Rest."), "");              // placeholder
+  EXPECT_EQ(ding_whole_sentence("She gave sb. a hand."), "");               // placeholder
+  EXPECT_EQ(ding_whole_sentence("It was sheer/pure coincidence."), "");     // slash alternative
+  EXPECT_EQ(ding_whole_sentence("Leider muss ich sagen …"), "");            // ellipsis
+  EXPECT_EQ(ding_whole_sentence("Wait for it... now!"), "");                // ellipsis
+  EXPECT_EQ(ding_whole_sentence("Ein (kaputter Satz."), "");                // unbalanced
+  EXPECT_EQ(ding_whole_sentence("Ein kaputter) Satz."), "");                // unbalanced
+  EXPECT_EQ(ding_whole_sentence("„Doch“, sagte er."), "");                  // starts with a quote mark
+  EXPECT_EQ(ding_whole_sentence("(Hinweis)"), "");                          // nothing left
+}
+
+TEST(DingSentencePairs, FixtureFile) {
+  TempDir dir("data");
+  const std::string path = dir / "de-en";
+  write_bytes(path,
+              "# Version :: devel 2023-01-30\n"                                                       // 1
+              "# Copyright :: nobody\n"                                                               // 2
+              "Zufall {m} | Es war purer Zufall. | Das war kein Zufall. :: coincidence | It was sheer "
+              "coincidence. | That was no coincidence.\n"                                              // 3
+              "Guten Appetit!; Mahlzeit! :: Enjoy your meal!; Bon appétit!\n"                          // 4
+              "A | B :: only one\n"                                                                    // 5 malformed
+              "Guten Appetit! :: Enjoy your meal! [coll.]\n"                                           // 6 duplicate
+              "no separator here\n"                                                                    // 7 malformed
+              "Er ist da. :: He is here. :: extra\n"                                                   // 8 malformed
+              "\n"                                                                                     // 9
+              "Ich bin müde. (Ausdruck) [ugs.] :: I am tired. [coll.]\r\n"                             // 10
+              "Aal {m} | Aale {pl} :: eel | eels\n"                                                    // 11
+              "Das ist alles. :: That's all/everything.\n"                                             // 12 slash
+              "Bad \xC3 :: byte.\n");                                                                  // 13 malformed
+  ReadReport r;
+  const std::vector<TextPair> pairs = qkv::ding_sentence_pairs(path, &r);
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"Es war purer Zufall.", "It was sheer coincidence."},
+      {"Das war kein Zufall.", "That was no coincidence."},
+      {"Guten Appetit!", "Enjoy your meal!"},
+      {"Ich bin müde.", "I am tired."},
+  };
+  ASSERT_EQ(pairs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(pairs[i].source, want[i].first) << i;  // German
+    EXPECT_EQ(pairs[i].target, want[i].second) << i;  // English
+  }
+  EXPECT_EQ(r.lines, 13);
+  EXPECT_EQ(r.used, 4);
+  EXPECT_EQ(r.malformed, 4);
+  EXPECT_EQ(r.first_malformed_line, 5);
+  EXPECT_EQ(r.first_malformed_reason, "2 German sub-entries but 1 English");
+
+  const std::string none = dir / "none";
+  write_bytes(none, "# header\nAal {m} :: eel\nkaputt\n");
+  const std::string msg = error_of([&] { qkv::ding_sentence_pairs(none, nullptr); });
+  EXPECT_CONTAINS(msg, none + ": no whole-sentence pairs in 3 lines (1 malformed; first: line 3: no ' :: ' separator)");
+}
+
+TEST(DingSentencePairs, RealDictionary) {
+  const std::string path = "/usr/share/trans/de-en";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not installed (Debian package trans-de-en)";
+  ReadReport r;
+  const std::vector<TextPair> pairs = qkv::ding_sentence_pairs(path, &r);
+  EXPECT_GE(pairs.size(), 15000u);
+  EXPECT_LE(pairs.size(), 25000u);
+  EXPECT_EQ(r.used, static_cast<int64_t>(pairs.size()));
+  std::set<std::pair<std::string, std::string>> unique;
+  for (const TextPair& p : pairs) {
+    // Each side is already clean: the rule leaves it as it is.
+    EXPECT_EQ(qkv::ding_whole_sentence(p.source), p.source);
+    EXPECT_EQ(qkv::ding_whole_sentence(p.target), p.target);
+    EXPECT_EQ(p.source.find('\t'), std::string::npos);
+    EXPECT_EQ(p.target.find('\t'), std::string::npos);
+    unique.emplace(p.source, p.target);
+  }
+  EXPECT_EQ(unique.size(), pairs.size());
+}
+
+// ---------------------------------------------------------------------------------------------
+// KJV
+
+bool on_path(const std::string& name) {
+  const char* env = std::getenv("PATH");
+  std::string path = env ? env : "";
+  size_t start = 0;
+  while (start <= path.size()) {
+    const size_t end = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, end - start);
+    if (::access(((dir.empty() ? "." : dir) + "/" + name).c_str(), X_OK) == 0) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+TEST(KjvVerses, EveryVerseInOrder) {
+  if (!on_path("bible")) GTEST_SKIP() << "the `bible` program is not installed (Debian package bible-kjv)";
+  const std::vector<std::string> v = qkv::kjv_verses();
+  ASSERT_EQ(v.size(), 31102u);
+  EXPECT_EQ(v.front(), "In the beginning God created the heaven and the earth.");
+  EXPECT_EQ(v[1], "And the earth was without form, and void; and darkness was upon the face of the deep. And the "
+                  "Spirit of God moved upon the face of the waters.");
+  EXPECT_EQ(v.back(), "The grace of our Lord Jesus Christ be with you all. Amen.");
+  for (const std::string& s : v) {
+    ASSERT_FALSE(s.empty());
+    EXPECT_EQ(s.find("  "), std::string::npos);
+    EXPECT_EQ(s.find('\t'), std::string::npos);
+  }
+}
+
+TEST(KjvVerses, MissingProgramSaysWhatToInstall) {
+  const char* old = std::getenv("PATH");
+  const std::string saved = old ? old : "";
+  TempDir dir("data");
+  ::setenv("PATH", dir.path().c_str(), 1);  // an empty directory: no `bible` there
+  const std::string msg = error_of([] { qkv::kjv_verses(); });
+  ::setenv("PATH", saved.c_str(), 1);
+  EXPECT_CONTAINS(msg, "install bible-kjv");
+}
+
+}  // namespace

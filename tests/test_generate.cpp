@@ -1,0 +1,344 @@
+// Cached generation (qkv/generate.h): the cache changes nothing but the cost. Cached decoding
+// gives exactly the tokens of full recomputation for every position scheme, norm placement,
+// grouped KV heads and encoder-decoders; next-token log-probabilities match the full forward
+// pass; batched requests of unequal lengths equal one-at-a-time; beam size 1 equals greedy; a
+// seed fixes the samples; top-k 1 is greedy; captured attention rows are distributions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "error_testing.h"
+#include "qkv/generate.h"
+#include "qkv/model.h"
+
+namespace qkv {
+namespace {
+
+using testing::error_of;
+
+ModelConfig decoder_config(Positional pos) {
+  ModelConfig c;
+  c.arch = Arch::Decoder;
+  c.vocab_size = 23;
+  c.d_model = 16;
+  c.n_heads = 4;
+  c.d_ff = 32;
+  c.n_layers = 2;
+  c.positional = pos;
+  c.max_len = 64;
+  c.norm_first = true;
+  c.eos_id = 1;
+  c.init_std = 0.3;  // sharp distributions, so the greedy path is far from ties
+  return c;
+}
+
+ModelConfig encdec_config() {
+  ModelConfig c;
+  c.arch = Arch::EncoderDecoder;
+  c.vocab_size = 19;
+  c.src_vocab_size = 21;
+  c.d_model = 16;
+  c.n_heads = 2;
+  c.d_ff = 24;
+  c.n_encoder_layers = 2;
+  c.n_decoder_layers = 2;
+  c.positional = Positional::Sinusoidal;
+  c.pad_id = 0;
+  c.bos_id = 2;
+  c.eos_id = 3;
+  c.init_std = 0.3;
+  return c;
+}
+
+Model make(const ModelConfig& c, uint64_t seed = 5) {
+  Model m(c);
+  m.init(seed);
+  return m;
+}
+
+const std::vector<std::vector<int32_t>> kPrompts = {{4, 9, 7, 12, 5}, {6}, {11, 3, 8}};
+
+GenerateConfig greedy(int64_t n, bool cache) {
+  GenerateConfig g;
+  g.max_new_tokens = n;
+  g.use_cache = cache;
+  g.eos_id = -1;  // run the full length: more positions compared
+  return g;
+}
+
+std::vector<std::vector<int32_t>> tokens_of(const std::vector<Generation>& gs) {
+  std::vector<std::vector<int32_t>> out;
+  for (const auto& g : gs) out.push_back(g.tokens);
+  return out;
+}
+
+struct DecoderCase {
+  const char* name;
+  ModelConfig config;
+};
+
+std::vector<DecoderCase> decoder_cases() {
+  std::vector<DecoderCase> cases;
+  for (Positional p : {Positional::Sinusoidal, Positional::Learned, Positional::Rope, Positional::Alibi,
+                       Positional::None})
+    cases.push_back({positional_name(p), decoder_config(p)});
+  ModelConfig llama = decoder_config(Positional::Rope);  // GQA, RMSNorm, SwiGLU, separate Q/K/V
+  llama.n_kv_heads = 2;
+  llama.norm = NormKind::RMSNorm;
+  llama.activation = FeedForward::SwiGLU;
+  llama.bias = false;
+  llama.fused_qkv = false;
+  llama.tie_embeddings = true;
+  cases.push_back({"llama-like", llama});
+  ModelConfig post = decoder_config(Positional::Learned);  // post-norm, Dk != Dv
+  post.norm_first = false;
+  post.d_k = 6;
+  post.d_v = 3;
+  cases.push_back({"post-norm Dk!=Dv", post});
+  return cases;
+}
+
+TEST(Generate, CachedEqualsFullRecomputation) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const auto cached = generate(m, kPrompts, greedy(12, true));
+    const auto full = generate(m, kPrompts, greedy(12, false));
+    ASSERT_EQ(cached.size(), kPrompts.size());
+    EXPECT_EQ(tokens_of(cached), tokens_of(full));
+    for (size_t b = 0; b < cached.size(); ++b) {
+      EXPECT_EQ(cached[b].tokens.size(), 12u);
+      EXPECT_NEAR(cached[b].logprob, full[b].logprob, 1e-4 * (1 + std::abs(full[b].logprob)));
+    }
+  }
+}
+
+TEST(Generate, NextTokenLogprobsMatchTheFullForwardPass) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const std::vector<std::vector<int32_t>> prompts = {{4, 9, 7, 12, 5, 6, 2}};
+    const auto lp = next_token_logprobs(m, prompts);
+    Tape tape;
+    tape.recording = false;
+    Batch batch;
+    batch.input = Tensor::from<int64_t>({1, 7}, {4, 9, 7, 12, 5, 6, 2});
+    const Tensor logits = m.logits(tape, batch)->value;  // (1, 7, V)
+    const int64_t V = dc.config.vocab_size;
+    const float* z = logits.data<float>() + 6 * V;
+    double mx = z[0], s = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(z[j]));
+    for (int64_t j = 0; j < V; ++j) s += std::exp(z[j] - mx);
+    for (int64_t j = 0; j < V; ++j) EXPECT_NEAR(lp[0][j], z[j] - mx - std::log(s), 2e-5) << "token " << j;
+  }
+}
+
+TEST(Generate, BatchedRequestsOfUnequalLengthsEqualOneAtATime) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const auto batched = generate(m, kPrompts, greedy(9, true));
+    for (size_t b = 0; b < kPrompts.size(); ++b) {
+      const auto alone = generate(m, {kPrompts[b]}, greedy(9, true));
+      EXPECT_EQ(batched[b].tokens, alone[0].tokens) << "request " << b;
+    }
+  }
+}
+
+TEST(Generate, StopsAtEosAndReportsIt) {
+  ModelConfig c = decoder_config(Positional::Learned);
+  const Model m = make(c);
+  // Find the greedy continuation, then declare its third token the eos.
+  const auto free_run = generate(m, {kPrompts[0]}, greedy(8, true));
+  GenerateConfig g = greedy(8, true);
+  g.eos_id = free_run[0].tokens[2];
+  const auto stopped = generate(m, {kPrompts[0]}, g);
+  const size_t first = static_cast<size_t>(std::find(free_run[0].tokens.begin(), free_run[0].tokens.end(), g.eos_id) -
+                                           free_run[0].tokens.begin());
+  EXPECT_TRUE(stopped[0].finished);
+  ASSERT_EQ(stopped[0].tokens.size(), first + 1);
+  EXPECT_TRUE(std::equal(stopped[0].tokens.begin(), stopped[0].tokens.end(), free_run[0].tokens.begin()));
+  EXPECT_FALSE(free_run[0].finished);
+}
+
+TEST(Generate, BeamSizeOneEqualsGreedy) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    GenerateConfig g = greedy(10, true);
+    g.eos_id = 1;
+    const auto gr = generate(m, kPrompts, g);
+    g.beam_search = true;  // the beam search driver with one beam
+    const auto beam = generate(m, kPrompts, g);
+    EXPECT_EQ(tokens_of(gr), tokens_of(beam));
+    for (size_t b = 0; b < gr.size(); ++b) {
+      EXPECT_EQ(gr[b].finished, beam[b].finished);
+      EXPECT_NEAR(gr[b].logprob, beam[b].logprob, 1e-4);
+    }
+  }
+  // And for an encoder-decoder.
+  const Model ed = make(encdec_config());
+  const std::vector<std::vector<int32_t>> src = {{5, 9, 4, 7}, {8, 6}};
+  GenerateConfig g = greedy(10, true);
+  g.eos_id = 3;
+  const auto gr = translate(ed, src, g);
+  g.beam_search = true;
+  EXPECT_EQ(tokens_of(translate(ed, src, g)), tokens_of(gr));
+}
+
+TEST(Generate, BeamScoresAreTheModelsLogprobs) {
+  const Model m = make(decoder_config(Positional::Rope));
+  GenerateConfig g = greedy(6, true);
+  g.beam_size = 3;
+  const auto out = generate(m, kPrompts, g);
+  for (size_t b = 0; b < kPrompts.size(); ++b) {
+    // Re-score the chosen continuation token by token with the model.
+    std::vector<int32_t> seq = kPrompts[b];
+    double lp = 0;
+    for (int32_t t : out[b].tokens) {
+      lp += next_token_logprobs(m, {seq})[0][t];
+      seq.push_back(t);
+    }
+    EXPECT_NEAR(out[b].logprob, lp, 1e-4) << "request " << b;
+  }
+  // Beam search with the cache equals beam search recomputing everything.
+  g.use_cache = false;
+  EXPECT_EQ(tokens_of(generate(m, kPrompts, g)), tokens_of(out));
+}
+
+TEST(Generate, SamplingIsReproducibleAndTopKOneIsGreedy) {
+  const Model m = make(decoder_config(Positional::Sinusoidal), 9);
+  GenerateConfig g = greedy(16, true);
+  g.sampling.greedy = false;
+  g.sampling.temperature = 1.5f;
+  g.sampling.seed = 42;
+  const auto a = generate(m, kPrompts, g);
+  const auto b = generate(m, kPrompts, g);
+  EXPECT_EQ(tokens_of(a), tokens_of(b));
+  g.sampling.seed = 43;
+  EXPECT_NE(tokens_of(generate(m, kPrompts, g)), tokens_of(a));
+  g.sampling.top_p = 0.9f;
+  g.sampling.top_k = 5;
+  g.sampling.repetition_penalty = 1.3f;
+  EXPECT_EQ(tokens_of(generate(m, kPrompts, g)), tokens_of(generate(m, kPrompts, g)));
+  // top_k = 1 and a tiny top_p leave only the argmax
+  GenerateConfig k1 = g;
+  k1.sampling.top_k = 1;
+  k1.sampling.repetition_penalty = 1.0f;
+  GenerateConfig p0 = k1;
+  p0.sampling.top_k = 0;
+  p0.sampling.top_p = 1e-6f;
+  const auto want = tokens_of(generate(m, kPrompts, greedy(16, true)));
+  EXPECT_EQ(tokens_of(generate(m, kPrompts, k1)), want);
+  EXPECT_EQ(tokens_of(generate(m, kPrompts, p0)), want);
+}
+
+TEST(Generate, RepetitionPenaltyDiscouragesRepeats) {
+  const Model m = make(decoder_config(Positional::Learned));
+  GenerateConfig g = greedy(30, true);
+  auto distinct = [](const std::vector<int32_t>& t) {
+    std::vector<int32_t> s = t;
+    std::sort(s.begin(), s.end());
+    return std::unique(s.begin(), s.end()) - s.begin();
+  };
+  const auto plain = generate(m, {{4}}, g);
+  g.sampling.repetition_penalty = 50.0f;
+  const auto penalised = generate(m, {{4}}, g);
+  EXPECT_GT(distinct(penalised[0].tokens), distinct(plain[0].tokens));
+}
+
+TEST(Translate, CachedEqualsFullRecomputationAndBatchesEqualSingles) {
+  for (bool norm_first : {false, true}) {
+    ModelConfig c = encdec_config();
+    c.norm_first = norm_first;
+    if (norm_first) {
+      c.positional = Positional::Learned;
+      c.max_len = 32;
+      c.n_kv_heads = 1;
+      c.fused_qkv = false;
+    }
+    SCOPED_TRACE(norm_first ? "pre-norm, learned, GQA, separate" : "post-norm, sinusoidal");
+    const Model m = make(c);
+    const std::vector<std::vector<int32_t>> src = {{5, 9, 4, 7, 11}, {8, 6}, {20, 13, 12}};
+    GenerateConfig g = greedy(10, true);
+    const auto cached = translate(m, src, g);
+    g.use_cache = false;
+    const auto full = translate(m, src, g);
+    EXPECT_EQ(tokens_of(cached), tokens_of(full));
+    for (size_t b = 0; b < src.size(); ++b) {
+      const auto alone = translate(m, {src[b]}, greedy(10, true));
+      EXPECT_EQ(alone[0].tokens, cached[b].tokens) << "source " << b;
+    }
+    // beam search: cache and recomputation agree
+    GenerateConfig bg = greedy(8, true);
+    bg.beam_size = 3;
+    bg.eos_id = 3;
+    const auto bc = translate(m, src, bg);
+    bg.use_cache = false;
+    EXPECT_EQ(tokens_of(translate(m, src, bg)), tokens_of(bc));
+  }
+}
+
+TEST(Generate, CapturedAttentionRowsAreDistributions) {
+  const Model m = make(decoder_config(Positional::Rope));
+  GenerateConfig g = greedy(5, true);
+  g.capture_attention = true;
+  g.attention_head = 2;
+  const auto out = generate(m, {kPrompts[0], kPrompts[1]}, g);
+  for (size_t b = 0; b < 2; ++b) {
+    const Generation& r = out[b];
+    const int64_t fed = static_cast<int64_t>(kPrompts[b].size() + r.tokens.size()) - 1;
+    ASSERT_EQ(r.attention_rows, fed);
+    ASSERT_EQ(r.attention_cols, fed);
+    for (int64_t i = 0; i < fed; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < fed; ++j) {
+        const float w = r.attention[i * fed + j];
+        if (j > i) {
+          EXPECT_EQ(w, 0.0f) << "row " << i << " sees the future";
+        }
+        s += w;
+      }
+      EXPECT_NEAR(s, 1.0, 1e-5) << "row " << i;
+    }
+  }
+  const Model ed = make(encdec_config());
+  GenerateConfig tg = greedy(4, true);
+  tg.capture_attention = true;
+  const auto tr = translate(ed, {{5, 9, 4}, {8, 6, 7, 10, 11}}, tg);
+  ASSERT_EQ(tr[0].attention_rows, 4);
+  ASSERT_EQ(tr[0].attention_cols, 5);  // the batch's longest source; padding gets weight 0
+  for (int64_t i = 0; i < 4; ++i) {
+    double s = 0;
+    for (int64_t j = 0; j < 5; ++j) s += tr[0].attention[i * 5 + j];
+    EXPECT_NEAR(s, 1.0, 1e-5);
+    EXPECT_EQ(tr[0].attention[i * 5 + 3], 0.0f);
+    EXPECT_EQ(tr[0].attention[i * 5 + 4], 0.0f);
+  }
+}
+
+TEST(Generate, BadRequestsGiveClearErrors) {
+  const Model m = make(decoder_config(Positional::Learned));
+  EXPECT_NE(error_of([&] { generate(m, {{}}, greedy(3, true)); }).find("prompt 0 is empty"), std::string::npos);
+  EXPECT_NE(error_of([&] { generate(m, {{4, 99}}, greedy(3, true)); }).find("outside the vocabulary"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { generate(m, {{4}}, greedy(100, true)); }).find("max_len 64"), std::string::npos);
+  GenerateConfig g = greedy(3, true);
+  g.sampling.temperature = 0;
+  EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("temperature"), std::string::npos);
+  g = greedy(3, true);
+  g.capture_attention = true;
+  g.attention_layer = 7;
+  EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("attention_layer 7"), std::string::npos);
+  EXPECT_NE(error_of([&] { translate(m, {{4}}, greedy(3, true)); }).find("not encoder-decoder"), std::string::npos);
+  const Model ed = make(encdec_config());
+  EXPECT_NE(error_of([&] { generate(ed, {{4}}, greedy(3, true)); }).find("decoder-only"), std::string::npos);
+  EXPECT_TRUE(generate(m, {}, greedy(3, true)).empty());
+}
+
+}  // namespace
+}  // namespace qkv

