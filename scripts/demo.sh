@@ -21,6 +21,6 @@ JSON
 /usr/bin/python3 -c "import numpy as np; x = np.random.default_rng(0).integers(0, 50, (4, 17)); \
 np.save('$work/x.npy', x[:, :-1]); np.save('$work/y.npy', x[:, 1:])"
 build/qkv init --config "$work/lm.json" --out "$work/lm" --seed 1
-build/qkv train --model "$work/lm" --input "$work/x.npy" --target "$work/y.npy" --steps 100 --lr 3e-3 \
+build/qkv fit --model "$work/lm" --input "$work/x.npy" --target "$work/y.npy" --steps 100 --lr 3e-3 \
   --out "$work/lm-trained" | tail -1
 build/qkv forward --model "$work/lm-trained" --input "$work/x.npy" --target "$work/y.npy" --out "$work/logits.npy"

@@ -16,7 +16,7 @@ directory, and on the same batch (token ids saved with numpy):
                max|qkv - torch| / max(max|torch grad|, 1e-6) <= 1e-3 (one line per model, naming
                the worst tensor; --verbose prints every tensor); the set of gradient files must
                equal the set of torch parameters;
-  * training   `qkv train --steps 10 --lr 1e-3 --weight-decay 0.01` vs torch.optim.AdamW
+  * training   `qkv fit --steps 10 --lr 1e-3 --weight-decay 0.01` vs torch.optim.AdamW
                (betas 0.9/0.999, eps 1e-8) on the same batch, with --decay-all
                (AdamW(model.parameters())) and with qkv's default groups (decay only for the
                projection / feed-forward / head weights): all 10 losses within 1e-4 relative;
@@ -512,7 +512,7 @@ def run_model_case(case, runner, rep, verbose):
     for decay_all, wd in ((True, WD), (False, WD), (False, STRONG_WD)):
         label = ("decay-all" if decay_all else "decay-groups") + ("" if wd == WD else f"-wd{wd:g}")
         lpath = os.path.join(d, f"losses_{label}.npy")
-        args = ["train", "--model", mdir] + bargs + ["--steps", STEPS, "--lr", LR, "--weight-decay", wd,
+        args = ["fit", "--model", mdir] + bargs + ["--steps", STEPS, "--lr", LR, "--weight-decay", wd,
                                                      "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps", EPS,
                                                      "--losses", lpath]
         if decay_all:

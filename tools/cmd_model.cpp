@@ -1,5 +1,5 @@
-// qkv init / import / forward / train: build a model directory, load PyTorch weights, check a
-// model's outputs and gradients from outside, and train on a batch.
+// qkv init / import / forward / fit: build a model directory, load PyTorch weights, check a
+// model's outputs and gradients from outside, and fit one batch of .npy ids.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -249,9 +249,9 @@ Runner add_forward(CLI::App& app) {
   return [o] { return run_forward(*o); };
 }
 
-Runner add_train(CLI::App& app) {
+Runner add_fit(CLI::App& app) {
   auto o = std::make_shared<TrainCmd>();
-  CLI::App* c = app.add_subcommand("train", "Train a model on one batch with AdamW (overfitting, optimiser checks)");
+  CLI::App* c = app.add_subcommand("fit", "Train a model on one batch of .npy token ids with AdamW (overfitting, optimiser and parity checks)");
   c->add_option("--model", o->model, "Model directory to start from");
   c->add_option("--resume", o->resume,
                 "Resume from a checkpoint instead of --model (its schedule and optimiser settings are used)")
@@ -277,7 +277,7 @@ Runner add_train(CLI::App& app) {
   c->add_option("--checkpoint", o->checkpoint, "Write a checkpoint (weights, optimiser, step, RNG) here at the end");
   c->add_option("--out", o->out, "Write the trained model directory here");
   return [o] {
-    check(!o->model.empty() || !o->resume.empty(), "train: give --model DIR or --resume CHECKPOINT");
+    check(!o->model.empty() || !o->resume.empty(), "fit: give --model DIR or --resume CHECKPOINT");
     return run_train(*o);
   };
 }

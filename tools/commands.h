@@ -14,7 +14,13 @@ Runner add_bench_train(CLI::App& bench);  // `qkv bench train`, registered by ad
 Runner add_init(CLI::App& app);
 Runner add_import(CLI::App& app);
 Runner add_forward(CLI::App& app);
-Runner add_train(CLI::App& app);
+Runner add_fit(CLI::App& app);
+Runner add_train(CLI::App& app);  // qkv train --task ...
+Runner add_translate(CLI::App& app);
+Runner add_generate(CLI::App& app);
+Runner add_classify(CLI::App& app);
+Runner add_eval(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
 Runner add_data(CLI::App& app);
 
 }  // namespace qkv::cli

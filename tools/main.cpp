@@ -45,7 +45,13 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_init(app));
   runners.push_back(qkv::cli::add_import(app));
   runners.push_back(qkv::cli::add_forward(app));
+  runners.push_back(qkv::cli::add_fit(app));
   runners.push_back(qkv::cli::add_train(app));
+  runners.push_back(qkv::cli::add_translate(app));
+  runners.push_back(qkv::cli::add_generate(app));
+  runners.push_back(qkv::cli::add_classify(app));
+  runners.push_back(qkv::cli::add_eval(app));
+  runners.push_back(qkv::cli::add_tokenize(app));
   runners.push_back(qkv::cli::add_data(app));
   try {
     app.parse(argc, argv);

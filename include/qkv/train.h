@@ -50,6 +50,7 @@ class Trainer {
   int64_t skipped_steps() const { return step_ - updates_; }
   const TrainConfig& config() const { return config_; }
   Rng& rng() { return rng_; }  // for data shuffling: saved in checkpoints
+  Model& model() { return model_; }
 
   // A single safetensors file: parameters ("model.<name>"), AdamW moments ("adam_m.<name>",
   // "adam_v.<name>"), and metadata (config, step counters, schedule, RNG state, `data_state`).

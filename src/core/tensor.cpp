@@ -148,13 +148,25 @@ const char* dtype_name(DType t) {
 namespace {
 
 // Large blocks are kept after their tensor dies and handed to the next request of the same
-// size. A training loop allocates the same activation and gradient sizes every step; without
-// this, each one is a fresh mmap whose pages the kernel faults in and zeroes again (a fifth of
-// a GPT-2 training step's time, measured with perf). Bounded by QKV_ALLOC_CACHE_MB (default
-// 4096; 0 disables); release_cached_memory() empties it.
+// size class. A training loop allocates the same activation and gradient sizes every step;
+// without this, each one is a fresh mmap whose pages the kernel faults in and zeroes again (a
+// fifth of a GPT-2 training step's time, measured with perf). Blocks of at least kMinBytes are
+// rounded up to one of 8 sizes per power of two (at most 12.5% more), so batches whose shapes
+// change from step to step (batching by length) reuse them too. Bounded by QKV_ALLOC_CACHE_MB
+// (default 4096; 0 disables); release_cached_memory() empties it.
 class BlockCache {
  public:
   static constexpr size_t kMinBytes = size_t{256} << 10;
+
+  // The size class of a block: bytes below kMinBytes unchanged; above, rounded up to a multiple
+  // of 2^(floor(log2 bytes) - 3).
+  static size_t size_class(size_t bytes) {
+    if (bytes < kMinBytes) return bytes;
+    const int top = 63 - __builtin_clzll(bytes);
+    const size_t step = size_t{1} << (top - 3);
+    if (bytes > std::numeric_limits<size_t>::max() - step) return bytes;
+    return (bytes + step - 1) / step * step;
+  }
 
   static BlockCache& get() {
     static BlockCache* c = new BlockCache();  // never destroyed: storages may die at exit
@@ -220,6 +232,7 @@ Storage::Storage(size_t bytes, bool zero) {
   // aligned_alloc needs a multiple of the alignment; a zero-size request still gets one line.
   size_t alloc = (bytes + kAlign - 1) / kAlign * kAlign;
   if (alloc == 0) alloc = kAlign;
+  alloc = BlockCache::size_class(alloc);
   data_ = BlockCache::get().take(alloc);
   if (data_ == nullptr) data_ = std::aligned_alloc(kAlign, alloc);
   if (data_ == nullptr) fail("Storage: cannot allocate ", bytes, " bytes (out of memory)");

@@ -1,0 +1,95 @@
+// qkv/task.h: the three jobs a model is trained for (translation, language modelling,
+// classification), their examples as token ids, batching, evaluation, and the training loop
+// behind `qkv train`: batches by length under a token budget, validation at intervals, the best
+// weights and the last checkpoint kept, metrics as JSONL and a loss curve as SVG, and an exact
+// resume.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "qkv/model.h"
+#include "qkv/train.h"
+
+namespace qkv {
+
+enum class Task { Translate, LanguageModel, Classify };
+const char* task_name(Task t);                 // "translate", "lm", "classify"
+Task parse_task(const std::string& name);      // the inverse; the error lists the names
+
+// task.json in a model directory: what the model was trained for, so `qkv translate`,
+// `generate`, `classify` and `eval` can check they are given the right kind of model.
+struct TaskInfo {
+  Task task = Task::Translate;
+  std::vector<std::string> labels;  // classify: class index -> label text
+  int64_t max_len = 0;              // longest training sequence in tokens (lm: the window)
+  void save(const std::string& dir) const;  // atomic
+  static TaskInfo load(const std::string& dir);  // validated; errors name dir/task.json
+};
+
+// One example as token ids. translate: src and tgt (each ending in eos); lm: src is a window of
+// T + 1 tokens (input src[:-1], target src[1:]); classify: src and label.
+struct Example {
+  std::vector<int32_t> src, tgt;
+  int64_t label = -1;
+};
+
+// The length that counts against a batch's token budget.
+int64_t example_length(Task task, const Example& e);
+
+// A padded batch for the model (pad_id from its config; bos for the shifted decoder input).
+Batch make_batch(const ModelConfig& cfg, Task task, const std::vector<Example>& examples,
+                 const std::vector<int64_t>& indices);
+
+struct EvalResult {
+  double loss = 0;        // mean token (or example) cross-entropy, nats
+  int64_t count = 0;      // tokens (translate, lm) or examples (classify) scored
+  double accuracy = 0;    // classify: fraction right; others: next-token accuracy
+};
+// Mean loss over examples, no dropout, batched under max_tokens.
+EvalResult evaluate(const Model& model, Task task, const std::vector<Example>& examples, int64_t max_tokens);
+
+struct LoopConfig {
+  int64_t max_steps = 0;      // stop after this many optimiser steps (0: no limit)
+  int64_t max_epochs = 0;     // ... or epochs (0: no limit)
+  double max_minutes = 0;     // ... or minutes of training (0: no limit)
+  int64_t max_tokens = 4096;  // token budget of a batch, padding included
+  int64_t eval_every = 0;     // validate every this many steps (0: once per epoch)
+  uint64_t seed = 0;          // data order
+  const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return
+};
+
+struct LoopProgress {
+  int64_t step = 0, epoch = 0;
+  double loss = 0, lr = 0;     // this step's
+  double tokens_per_s = 0;     // counted target tokens per second, since start or resume
+  double elapsed_s = 0;
+  double fraction = -1;        // of the run's limit, 0..1 (-1: no limit known)
+  bool evaluated = false;      // this step ended with validation
+  double valid_loss = 0;       // the latest validation loss (when evaluated)
+  bool best = false;           // ... and it is the best so far (weights saved)
+};
+
+struct LoopResult {
+  int64_t steps = 0;            // optimiser steps done in total (resumed runs included)
+  int64_t epochs_done = 0;
+  double best_valid_loss = 0;
+  double last_valid_loss = 0;
+  double seconds = 0;           // this run's training time
+  bool interrupted = false;     // stopped by LoopConfig::stop
+};
+
+// Trains the trainer's model. Writes into out_dir (which exists):
+//   config.json + model.safetensors   the weights with the best validation loss so far
+//   checkpoint.safetensors            the last state (weights, AdamW, step, RNG, data position)
+//   metrics.jsonl                     one JSON object per logged step and per validation
+//   loss.svg                          training and validation loss against step
+// With resume, continues from out_dir/checkpoint.safetensors exactly (same batches, same
+// dropout, bit for bit) and keeps the metrics already written.
+LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
+                        const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
+                        bool resume, const std::function<void(const LoopProgress&)>& on_progress = {});
+
+}  // namespace qkv

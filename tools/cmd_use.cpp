@@ -1,0 +1,364 @@
+// Using a trained model directory: qkv translate, generate, classify, eval, tokenize.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "qkv/qkv.h"
+#include "qkv/metrics.h"
+#include "qkv/task.h"
+#include "qkv/tokenizer.h"
+#include "qkv/viz.h"
+#include "task_util.h"
+
+namespace qkv::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A model directory with what `qkv train` wrote: weights, tokenizer, task.
+struct Loaded {
+  Model model;
+  std::unique_ptr<Tokenizer> tok;
+  TaskInfo info;
+};
+
+Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
+  check(fs::is_directory(dir), "--model ", dir, ": not a directory");
+  TaskInfo info = TaskInfo::load(dir);
+  check(info.task == want, "--model ", dir, ": the model was trained for --task ", task_name(info.task), ", but qkv ",
+        command, " needs a ", task_name(want), " model");
+  Model m = Model::load(dir);
+  std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
+  check(tok->vocab_size() == m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
+        tok->vocab_size(), ") does not match config.json's vocab_size (", m.config().vocab_size, ")");
+  return {std::move(m), std::move(tok), std::move(info)};
+}
+
+// Input lines: --input FILE, or standard input.
+std::vector<std::string> input_lines(const std::string& input) {
+  std::vector<std::string> lines;
+  if (!input.empty()) {
+    ReadReport r;
+    lines = read_lines(input, &r);
+  } else {
+    std::string l;
+    while (std::getline(std::cin, l)) {
+      if (!l.empty() && l.back() == '\r') l.pop_back();
+      lines.push_back(l);
+    }
+  }
+  return lines;
+}
+
+struct DecodeOptions {
+  int64_t beam = 4, max_len = 0, top_k = 0, batch = 16, layer = -1, head = 0;
+  double length_penalty = 1.0, temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
+  uint64_t seed = 0;
+  bool sample = false;
+  std::string attention_map;
+  void add(CLI::App* c, bool lm) {
+    c->add_option("--beam", beam, lm ? "Beam size (1: greedy or sampling; default 1)" : "Beam size (1: greedy; default 4)")
+        ->check(CLI::Range(1, 256));
+    c->add_option("--length-penalty", length_penalty, "Beams rank by logprob / length^this (default 1)");
+    c->add_option("--max-len", max_len, lm ? "Tokens to generate (default 100)" : "Longest output in tokens (default: 2 x source + 10)")
+        ->check(CLI::Range(1, 1 << 20));
+    c->add_flag("--sample", sample, "Sample instead of taking the most probable token");
+    c->add_option("--temperature", temperature, "Sampling temperature (default 1)")->check(CLI::Range(1e-4, 100.0));
+    c->add_option("--top-k", top_k, "Sample from the k most probable tokens only")->check(CLI::Range(0, 1 << 30));
+    c->add_option("--top-p", top_p, "Sample from the smallest set with probability >= p")->check(CLI::Range(1e-6, 1.0));
+    c->add_option("--repetition-penalty", repetition_penalty, "Penalise tokens already present (1: off)")
+        ->check(CLI::Range(0.01, 100.0));
+    c->add_option("--seed", seed, "Sampling seed: the same seed gives the same text");
+    c->add_option("--attention-map", attention_map,
+                  lm ? "Write the self-attention of --layer/--head over prompt and output as SVG"
+                     : "Write the cross-attention of --layer/--head for the first input as an SVG heatmap");
+    c->add_option("--layer", layer, "Attention map layer (default -1: the last)");
+    c->add_option("--head", head, "Attention map head (default 0)")->check(CLI::Range(0, 4096));
+  }
+  GenerateConfig config(int64_t max_new) const {
+    GenerateConfig g;
+    g.max_new_tokens = max_new;
+    g.beam_size = beam;
+    g.length_penalty = length_penalty;
+    g.sampling.greedy = !sample;
+    g.sampling.temperature = static_cast<float>(temperature);
+    g.sampling.top_k = top_k;
+    g.sampling.top_p = static_cast<float>(top_p);
+    g.sampling.repetition_penalty = static_cast<float>(repetition_penalty);
+    g.sampling.seed = seed;
+    g.attention_layer = layer;
+    g.attention_head = head;
+    return g;
+  }
+};
+
+std::vector<std::string> pieces(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  std::vector<std::string> p;
+  for (int32_t id : ids) p.push_back(tok.piece(id));
+  return p;
+}
+
+// Translations of `sources`, in batches. `first_map` gets the first sentence's cross-attention.
+std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::string>& sources,
+                                       const DecodeOptions& d, Generation* first_map,
+                                       std::vector<int32_t>* first_src, Progress* bar) {
+  std::vector<std::string> out(sources.size());
+  const int32_t eos = L.tok->eos_id();
+  for (size_t b0 = 0; b0 < sources.size(); b0 += static_cast<size_t>(d.batch)) {
+    const size_t b1 = std::min(sources.size(), b0 + static_cast<size_t>(d.batch));
+    std::vector<std::vector<int32_t>> src;
+    int64_t longest = 0;
+    for (size_t i = b0; i < b1; ++i) {
+      std::vector<int32_t> ids = L.tok->encode(sources[i]);
+      ids.push_back(eos);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
+      src.push_back(std::move(ids));
+    }
+    GenerateConfig g = d.config(d.max_len > 0 ? d.max_len : 2 * longest + 10);
+    if (L.model.config().positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, L.model.config().max_len);
+    g.capture_attention = b0 == 0 && first_map != nullptr;
+    if (g.capture_attention) g.beam_search = g.beam_size > 1;
+    const std::vector<Generation> gen = translate(L.model, src, g);
+    for (size_t i = b0; i < b1; ++i) {
+      std::vector<int32_t> t = gen[i - b0].tokens;
+      if (!t.empty() && t.back() == eos) t.pop_back();
+      out[i] = L.tok->decode(t);
+    }
+    if (b0 == 0 && first_map) {
+      *first_map = gen[0];
+      *first_src = src[0];
+    }
+    if (bar) bar->update(static_cast<double>(b1) / static_cast<double>(sources.size()),
+                         std::to_string(b1) + "/" + std::to_string(sources.size()) + " sentences");
+  }
+  return out;
+}
+
+void write_map(const std::string& path, const Generation& g, const std::vector<std::string>& rows,
+               const std::vector<std::string>& cols, const std::string& title) {
+  check(g.attention_rows > 0, "--attention-map: nothing was captured");
+  std::vector<std::string> r(rows.begin(), rows.begin() + std::min<int64_t>(g.attention_rows, static_cast<int64_t>(rows.size())));
+  std::vector<std::string> c(cols.begin(), cols.begin() + std::min<int64_t>(g.attention_cols, static_cast<int64_t>(cols.size())));
+  r.resize(static_cast<size_t>(g.attention_rows), "");
+  c.resize(static_cast<size_t>(g.attention_cols), "<pad>");
+  viz::write_svg(path, viz::heatmap_svg(g.attention.data(), g.attention_rows, g.attention_cols, r, c, title));
+  std::fprintf(stderr, "qkv: attention map (%lld x %lld) written to %s\n", static_cast<long long>(g.attention_rows),
+               static_cast<long long>(g.attention_cols), path.c_str());
+}
+
+std::string map_title(const char* kind, const DecodeOptions& d, int64_t layers) {
+  const int64_t layer = d.layer < 0 ? layers + d.layer : d.layer;
+  return std::string(kind) + " attention, layer " + std::to_string(layer) + ", head " + std::to_string(d.head) +
+         " (one head of one layer: a hint of what the model used, not an explanation)";
+}
+
+}  // namespace
+
+Runner add_translate(CLI::App& app) {
+  struct O {
+    std::string model, input;
+    DecodeOptions d;
+  };
+  auto o = std::make_shared<O>();
+  CLI::App* c = app.add_subcommand("translate", "Translate lines (stdin or --input) with a model from qkv train --task translate");
+  c->add_option("--model", o->model, "Model directory")->required();
+  c->add_option("--input", o->input, "Source sentences, one per line (default: standard input)")->check(CLI::ExistingFile);
+  c->add_option("--batch", o->d.batch, "Sentences per batch (default 16)")->check(CLI::Range(1, 4096));
+  o->d.add(c, false);
+  return [o] {
+    const Loaded L = load_model_dir(o->model, Task::Translate, "translate");
+    const std::vector<std::string> lines = input_lines(o->input);
+    Generation map;
+    std::vector<int32_t> src0;
+    const std::vector<std::string> out =
+        translate_all(L, lines, o->d, o->d.attention_map.empty() ? nullptr : &map, &src0, nullptr);
+    for (const std::string& s : out) std::printf("%s\n", s.c_str());
+    if (!o->d.attention_map.empty() && !lines.empty())
+      write_map(o->d.attention_map, map, pieces(*L.tok, map.tokens), pieces(*L.tok, src0),
+                map_title("cross", o->d, L.model.config().n_decoder_layers));
+    return 0;
+  };
+}
+
+Runner add_generate(CLI::App& app) {
+  struct O {
+    std::string model, prompt;
+    int64_t n = 1;
+    DecodeOptions d;
+  };
+  auto o = std::make_shared<O>();
+  o->d.beam = 1;
+  CLI::App* c = app.add_subcommand("generate", "Continue a prompt with a model from qkv train --task lm");
+  c->add_option("--model", o->model, "Model directory")->required();
+  c->add_option("--prompt", o->prompt, "The text to continue")->required();
+  c->add_option("-n,--num", o->n, "Continuations to write (with --sample: different samples)")->check(CLI::Range(1, 1000));
+  o->d.add(c, true);
+  return [o] {
+    const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
+    std::vector<int32_t> prompt = L.tok->encode(o->prompt);
+    if (prompt.empty() || L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
+    int64_t max_new = o->d.max_len > 0 ? o->d.max_len : 100;
+    const int64_t room = L.model.config().max_len - static_cast<int64_t>(prompt.size()) + 1;
+    check(room >= 1, "--prompt: ", prompt.size(), " tokens do not fit the model's max_len ", L.model.config().max_len);
+    max_new = std::min(max_new, room);
+    GenerateConfig g = o->d.config(max_new);
+    g.capture_attention = !o->d.attention_map.empty();
+    if (g.capture_attention) g.beam_search = g.beam_size > 1;
+    const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o->n), prompt);
+    const std::vector<Generation> out = generate(L.model, prompts, g);
+    for (const Generation& gen : out) {
+      std::vector<int32_t> t = gen.tokens;
+      if (!t.empty() && t.back() == L.tok->eos_id()) t.pop_back();
+      std::printf("%s%s\n", o->prompt.c_str(), L.tok->decode(t).c_str());
+    }
+    if (g.capture_attention) {
+      std::vector<int32_t> all = prompt;
+      all.insert(all.end(), out[0].tokens.begin(), out[0].tokens.end());
+      const std::vector<std::string> p = pieces(*L.tok, all);
+      write_map(o->d.attention_map, out[0], p, p, map_title("self", o->d, L.model.config().n_layers));
+    }
+    return 0;
+  };
+}
+
+Runner add_classify(CLI::App& app) {
+  struct O {
+    std::string model, input;
+  };
+  auto o = std::make_shared<O>();
+  CLI::App* c = app.add_subcommand("classify", "Label lines (stdin or --input) with a model from qkv train --task classify");
+  c->add_option("--model", o->model, "Model directory")->required();
+  c->add_option("--input", o->input, "Texts, one per line (default: standard input)")->check(CLI::ExistingFile);
+  return [o] {
+    const Loaded L = load_model_dir(o->model, Task::Classify, "classify");
+    for (const std::string& line : input_lines(o->input)) {
+      std::vector<int32_t> ids = L.tok->encode(line);
+      if (static_cast<int64_t>(ids.size()) > L.info.max_len) ids.resize(static_cast<size_t>(L.info.max_len));
+      if (ids.empty()) ids.push_back(L.tok->eos_id());
+      Batch b;
+      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
+      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
+      Tape tape;
+      tape.recording = false;
+      const Tensor z = L.model.logits(tape, b)->value;
+      const int64_t C = z.size(-1);
+      const float* p = z.data<float>();
+      const int64_t best = std::max_element(p, p + C) - p;
+      double s = 0;
+      for (int64_t k = 0; k < C; ++k) s += std::exp(static_cast<double>(p[k] - p[best]));
+      std::printf("%s\t%.3f\t%s\n", L.info.labels.at(static_cast<size_t>(best)).c_str(), 1.0 / s, line.c_str());
+    }
+    return 0;
+  };
+}
+
+Runner add_eval(CLI::App& app) {
+  struct O {
+    std::string model, data, hyp_out;
+    int64_t limit = 0, max_tokens = 4096;
+    DecodeOptions d;
+  };
+  auto o = std::make_shared<O>();
+  CLI::App* c = app.add_subcommand(
+      "eval", "Score a model on held-out data: BLEU and chrF (translate), perplexity (lm), accuracy (classify)");
+  c->add_option("--model", o->model, "Model directory")->required();
+  c->add_option("--data", o->data, "The task's data file (default: the model directory's test split)");
+  c->add_option("--limit", o->limit, "Score only the first N records")->check(CLI::Range(1, 1 << 30));
+  c->add_option("--hyp-out", o->hyp_out, "translate: also write the translations here");
+  c->add_option("--max-tokens", o->max_tokens, "Tokens per batch when scoring (default 4096)")->check(CLI::Range(1, 1 << 24));
+  c->add_option("--batch", o->d.batch, "translate: sentences per batch (default 16)")->check(CLI::Range(1, 4096));
+  o->d.add(c, false);
+  return [o] {
+    const TaskInfo info = TaskInfo::load(o->model);
+    const Loaded L = load_model_dir(o->model, info.task, "eval");
+    std::string data = o->data;
+    if (data.empty()) data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");
+    RawData raw = read_task_data(info.task, data, "", "");
+    if (o->limit > 0 && raw.size() > o->limit) {
+      std::vector<int64_t> idx(static_cast<size_t>(o->limit));
+      for (int64_t i = 0; i < o->limit; ++i) idx[i] = i;
+      raw = subset(raw, idx);
+    }
+    std::fprintf(stderr, "qkv eval: %s\n", raw.report.summary(data).c_str());
+    if (info.task == Task::Translate) {
+      std::vector<std::string> src, ref;
+      for (const TextPair& p : raw.pairs) src.push_back(p.source), ref.push_back(p.target);
+      Progress bar(10);
+      Generation map;
+      std::vector<int32_t> src0;
+      const std::vector<std::string> hyp =
+          translate_all(L, src, o->d, o->d.attention_map.empty() ? nullptr : &map, &src0, &bar);
+      bar.finish();
+      if (!o->hyp_out.empty()) {
+        std::string s;
+        for (const auto& h : hyp) s += h + "\n";
+        write_file_atomic(o->hyp_out, s);
+      }
+      const BleuResult bleu = corpus_bleu(hyp, ref);
+      const ChrfResult chrf = corpus_chrf(hyp, ref);
+      std::printf("%s\n%s\n", bleu.str().c_str(), chrf.str().c_str());
+      std::printf("qkv eval: %zu sentences, BLEU %.2f, chrF %.2f (%s)\n", hyp.size(), bleu.score, chrf.score,
+                  bleu.signature().c_str());
+      if (!o->d.attention_map.empty() && !src.empty())
+        write_map(o->d.attention_map, map, pieces(*L.tok, map.tokens), pieces(*L.tok, src0),
+                  map_title("cross", o->d, L.model.config().n_decoder_layers));
+      return 0;
+    }
+    const int64_t max_len = info.task == Task::LanguageModel ? L.model.config().max_len : info.max_len;
+    const Encoded enc = encode_task(info.task, raw, *L.tok, info.task == Task::LanguageModel ? info.max_len : max_len,
+                                    info.labels);
+    const EvalResult r = evaluate(L.model, info.task, enc.examples, o->max_tokens);
+    if (info.task == Task::LanguageModel) {
+      std::printf("qkv eval: %lld tokens, loss %.4f nats/token, perplexity %.2f, next-token accuracy %.1f%%\n",
+                  static_cast<long long>(r.count), r.loss, perplexity(r.loss), 100 * r.accuracy);
+    } else {
+      std::printf("qkv eval: %lld examples, accuracy %.2f%%, loss %.4f\n", static_cast<long long>(r.count),
+                  100 * r.accuracy, r.loss);
+    }
+    return 0;
+  };
+}
+
+Runner add_tokenize(CLI::App& app) {
+  struct O {
+    std::string model, text;
+    bool ids_only = false;
+  };
+  auto o = std::make_shared<O>();
+  CLI::App* c = app.add_subcommand("tokenize", "Show how a model's tokenizer splits text: id and piece per token");
+  c->add_option("--model", o->model, "A model (or tokenizer) directory with tokenizer.json")->required();
+  c->add_option("--text", o->text, "The text (default: standard input, line by line)");
+  c->add_flag("--ids", o->ids_only, "Print only the ids, space-separated");
+  return [o] {
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer(o->model);
+    std::vector<std::string> lines;
+    if (!o->text.empty()) {
+      lines.push_back(o->text);
+    } else {
+      lines = input_lines("");
+    }
+    for (const std::string& l : lines) {
+      const std::vector<int32_t> ids = tok->encode(l);
+      if (o->ids_only) {
+        for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
+        std::printf("\n");
+        continue;
+      }
+      std::printf("%zu tokens:", ids.size());
+      for (int32_t id : ids) std::printf(" %d:%s", id, tok->piece(id).c_str());
+      std::printf("\n");
+    }
+    return 0;
+  };
+}
+
+}  // namespace qkv::cli

@@ -1,0 +1,174 @@
+#include "task_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "qkv/error.h"
+#include "qkv/npy.h"
+
+namespace qkv::cli {
+
+int64_t RawData::size() const {
+  return static_cast<int64_t>(pairs.size() + labeled.size() + lines.size());
+}
+
+RawData read_task_data(Task task, const std::string& data, const std::string& source, const std::string& target) {
+  RawData d;
+  if (task == Task::Translate && data.empty()) {
+    check(!source.empty() && !target.empty(), "--task translate needs --data FILE.tsv or --source and --target files");
+    d.pairs = read_parallel_files(source, target, &d.report);
+    d.path = source;
+    return d;
+  }
+  check(!data.empty(), "--data is required for --task ", task_name(task));
+  d.path = data;
+  switch (task) {
+    case Task::Translate: d.pairs = read_parallel_tsv(data, &d.report); break;
+    case Task::Classify: d.labeled = read_labeled_tsv(data, &d.report); break;
+    case Task::LanguageModel: {
+      for (std::string& l : read_lines(data, &d.report))
+        if (!l.empty()) d.lines.push_back(std::move(l));
+      check(!d.lines.empty(), data, ": no text");
+      break;
+    }
+  }
+  return d;
+}
+
+RawData subset(const RawData& d, const std::vector<int64_t>& idx) {
+  RawData s;
+  s.path = d.path;
+  for (int64_t i : idx) {
+    if (!d.pairs.empty()) s.pairs.push_back(d.pairs[static_cast<size_t>(i)]);
+    if (!d.labeled.empty()) s.labeled.push_back(d.labeled[static_cast<size_t>(i)]);
+    if (!d.lines.empty()) s.lines.push_back(d.lines[static_cast<size_t>(i)]);
+  }
+  return s;
+}
+
+std::vector<std::string> all_texts(const RawData& d) {
+  std::vector<std::string> t;
+  for (const auto& p : d.pairs) t.push_back(p.source), t.push_back(p.target);
+  for (const auto& l : d.labeled) t.push_back(l.text);
+  for (const auto& l : d.lines) t.push_back(l);
+  return t;
+}
+
+Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t max_len,
+                    const std::vector<std::string>& labels) {
+  Encoded out;
+  const int32_t eos = tok.eos_id();
+  check(eos >= 0, "the tokenizer has no end-of-sequence token");
+  switch (task) {
+    case Task::Translate:
+      for (const TextPair& p : d.pairs) {
+        Example e;
+        e.src = tok.encode(p.source);
+        e.tgt = tok.encode(p.target);
+        e.src.push_back(eos);
+        e.tgt.push_back(eos);
+        if (static_cast<int64_t>(std::max(e.src.size(), e.tgt.size())) > max_len) {
+          ++out.dropped;
+          continue;
+        }
+        out.examples.push_back(std::move(e));
+      }
+      break;
+    case Task::Classify:
+      for (const LabeledText& l : d.labeled) {
+        Example e;
+        e.src = tok.encode(l.text);
+        if (static_cast<int64_t>(e.src.size()) > max_len) e.src.resize(static_cast<size_t>(max_len));
+        if (e.src.empty()) e.src.push_back(eos);
+        const auto it = std::find(labels.begin(), labels.end(), l.label);
+        check(it != labels.end(), d.path, ": label '", l.label, "' is not one the model was trained on");
+        e.label = it - labels.begin();
+        out.examples.push_back(std::move(e));
+      }
+      break;
+    case Task::LanguageModel: {
+      std::vector<int32_t> stream;
+      for (const std::string& line : d.lines) {
+        const std::vector<int32_t> ids = tok.encode(line);
+        stream.insert(stream.end(), ids.begin(), ids.end());
+        stream.push_back(eos);
+      }
+      check(static_cast<int64_t>(stream.size()) > max_len, d.path, ": ", stream.size(),
+            " tokens are fewer than one window of ", max_len + 1);
+      for (auto& w : pack_windows(stream, max_len)) {
+        Example e;
+        e.src = std::move(w);
+        out.examples.push_back(std::move(e));
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+void write_task_data(Task task, const RawData& d, const std::string& path) {
+  std::string s;
+  auto clean = [](std::string t) {
+    std::replace(t.begin(), t.end(), '\t', ' ');
+    std::replace(t.begin(), t.end(), '\n', ' ');
+    return t;
+  };
+  switch (task) {
+    case Task::Translate:
+      for (const auto& p : d.pairs) s += clean(p.source) + "\t" + clean(p.target) + "\n";
+      break;
+    case Task::Classify:
+      for (const auto& l : d.labeled) s += clean(l.label) + "\t" + clean(l.text) + "\n";
+      break;
+    case Task::LanguageModel:
+      for (const auto& l : d.lines) s += clean(l) + "\n";
+      break;
+  }
+  write_file_atomic(path, s);
+}
+
+std::string fmt_duration(double s) {
+  char buf[64];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s) / 60, static_cast<int>(s) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s) / 3600, (static_cast<int>(s) / 60) % 60);
+  }
+  return buf;
+}
+
+Progress::Progress(double every_s)
+    : tty_(isatty(fileno(stderr)) != 0), every_s_(every_s), t0_(std::chrono::steady_clock::now()) {}
+
+void Progress::update(double fraction, const std::string& status) {
+  const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  if (!tty_ && el - last_ < every_s_) return;
+  last_ = el;
+  std::string eta = "?";
+  if (fraction > 0.001 && fraction <= 1) eta = fmt_duration(el * (1 - fraction) / fraction);
+  const int width = 24, filled = fraction < 0 ? 0 : static_cast<int>(std::lround(fraction * width));
+  std::string line = "[";
+  line.append(static_cast<size_t>(filled), '#').append(static_cast<size_t>(width - filled), '.').append("] ");
+  char pct[16];
+  std::snprintf(pct, sizeof pct, fraction < 0 ? "  ?%%" : "%3.0f%%", fraction * 100);
+  line.append(pct).append(" ").append(status).append(" | ").append(fmt_duration(el)).append(" ETA ").append(eta);
+  if (tty_) {
+    std::fprintf(stderr, "\r%s\033[K", line.c_str());
+    drawn_ = true;
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (tty_ && drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
+}
+
+}  // namespace qkv::cli

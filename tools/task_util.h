@@ -1,0 +1,62 @@
+// Shared by `qkv train`, `translate`, `generate`, `classify` and `eval`: reading a task's data
+// into token-id examples, and a progress line.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qkv/data.h"
+#include "qkv/task.h"
+#include "qkv/tokenizer.h"
+
+namespace qkv::cli {
+
+// A task's raw records: translate (source, target), classify (label, text), lm (text lines).
+struct RawData {
+  std::vector<TextPair> pairs;
+  std::vector<LabeledText> labeled;
+  std::vector<std::string> lines;
+  int64_t size() const;
+  ReadReport report;
+  std::string path;
+};
+// --data FILE (TSV for translate and classify, text for lm), or --source/--target files.
+RawData read_task_data(Task task, const std::string& data, const std::string& source, const std::string& target);
+RawData subset(const RawData& d, const std::vector<int64_t>& idx);
+
+// Every text of the records (sources and targets), for training a tokenizer.
+std::vector<std::string> all_texts(const RawData& d);
+
+struct Encoded {
+  std::vector<Example> examples;
+  int64_t dropped = 0;  // translate: pairs longer than max_len tokens (skipped)
+};
+// Token ids: translate src/tgt + eos (pairs over max_len dropped); lm: lines + eos packed into
+// windows of max_len + 1; classify: text truncated to max_len, label by index in `labels`
+// (an unknown label is an error naming it).
+Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t max_len,
+                    const std::vector<std::string>& labels);
+
+// Writes records as the task's file format (TSV or text), atomically.
+void write_task_data(Task task, const RawData& d, const std::string& path);
+
+// "12m05s", "3.2s"
+std::string fmt_duration(double seconds);
+
+// Progress on stderr: a redrawn bar on a terminal, else a line every `every_s` seconds.
+class Progress {
+ public:
+  explicit Progress(double every_s = 15);
+  void update(double fraction, const std::string& status);
+  void finish();
+
+ private:
+  bool tty_;
+  double every_s_, last_ = -1e9;
+  std::chrono::steady_clock::time_point t0_;
+  bool drawn_ = false;
+};
+
+}  // namespace qkv::cli
