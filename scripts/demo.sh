@@ -1,26 +1,42 @@
 #!/usr/bin/env bash
-# qkv's main job, from a fresh Debian 12 machine: install dependencies, build, reproduce the
-# chapter's worked example step by step, run a short attention benchmark, then build a small
-# language model, train it on one batch and check its loss from outside.
+# qkv's main job, from a fresh Debian 12 machine: install dependencies, build, show the chapter's
+# worked example, then train a small English->German transformer on the Ding dictionary's
+# sentence pairs for a bounded time, translate sentences held out from training, score the
+# held-out test set (BLEU, chrF) and draw a cross-attention map.
+#
+#   scripts/demo.sh                 # 9 minutes of training (MINUTES=... to change), into out/ende
+#   MINUTES=2 OUT=/tmp/ende scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+MINUTES=${MINUTES:-9}
+OUT=${OUT:-out/ende}
 scripts/install-deps.sh
 scripts/build.sh
 echo
-build/qkv attend
+echo "== the chapter's worked example: one query, three keys, every number"
+build/qkv attend | tail -12
 echo
-build/qkv bench attention --seq 512,1024,2048 --ref-max-t 1024
+echo "== data: whole-sentence English-German pairs from the Ding dictionary (package trans-de-en)"
+mkdir -p "$(dirname "$OUT")"
+build/qkv data ding --out "$(dirname "$OUT")/ding-en-de.tsv"
 echo
-echo "== a small decoder-only language model: init, train 100 AdamW steps on one batch, forward"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-cat > "$work/lm.json" <<'JSON'
-{"arch": "decoder", "vocab_size": 50, "d_model": 64, "n_heads": 4, "d_ff": 128, "n_layers": 2,
- "norm_first": true, "positional": "rope", "activation": "swiglu", "norm": "rmsnorm"}
-JSON
-/usr/bin/python3 -c "import numpy as np; x = np.random.default_rng(0).integers(0, 50, (4, 17)); \
-np.save('$work/x.npy', x[:, :-1]); np.save('$work/y.npy', x[:, 1:])"
-build/qkv init --config "$work/lm.json" --out "$work/lm" --seed 1
-build/qkv fit --model "$work/lm" --input "$work/x.npy" --target "$work/y.npy" --steps 100 --lr 3e-3 \
-  --out "$work/lm-trained" | tail -1
-build/qkv forward --model "$work/lm-trained" --input "$work/x.npy" --target "$work/y.npy" --out "$work/logits.npy"
+echo "== training a tiny encoder-decoder for $MINUTES minutes (Ctrl-C stops and saves; --resume continues)"
+if [ -f "$OUT/checkpoint.safetensors" ]; then
+  echo "$OUT already holds a run: continuing it for $MINUTES more minutes"
+  build/qkv train --out "$OUT" --resume --minutes "$MINUTES"
+else
+  build/qkv train --task translate --data "$(dirname "$OUT")/ding-en-de.tsv" --out "$OUT" --preset tiny \
+    --minutes "$MINUTES" --eval-every 250
+fi
+echo
+echo "== five held-out sentences (from $OUT/test.tsv): source / reference / qkv"
+head -5 "$OUT/test.tsv" > "$OUT/sample.tsv"
+cut -f1 "$OUT/sample.tsv" | build/qkv translate --model "$OUT" > "$OUT/sample.out"
+paste "$OUT/sample.tsv" "$OUT/sample.out" | while IFS=$'\t' read -r src ref hyp; do
+  printf '  en:  %s\n  de:  %s\n  qkv: %s\n\n' "$src" "$ref" "$hyp"
+done
+echo "== the held-out test set: BLEU and chrF (sacreBLEU's definitions), and an attention map"
+build/qkv eval --model "$OUT" --attention-map "$OUT/attention.svg" --hyp-out "$OUT/test.out"
+echo
+echo "Model, tokenizer, metrics.jsonl and loss curve (loss.svg) are in $OUT; the cross-attention"
+echo "map of the first test sentence is $OUT/attention.svg. Try: build/qkv translate --model $OUT"

@@ -10,7 +10,14 @@ PACKAGES=(
   libcli11-dev                # command line
   nlohmann-json3-dev          # config.json, safetensors headers, --json output
   python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
+  libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
+  libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
+  trans-de-en                 # English-German sentence pairs (the Ding dictionary)
+  bible-kjv                   # English prose for language models (the King James Bible)
 )
+# The GPT-2 tokenizer parity test runs OpenAI's encoder from npm: Debian's nodejs and npm,
+# unless the machine already has both.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -52,7 +52,7 @@ struct Preset {
 };
 Preset preset_of(const std::string& name, Task task) {
   const bool lm = task == Task::LanguageModel;
-  if (name == "tiny") return {128, 4, 512, lm ? 4 : 2, 4000, 4096, lm ? 128 : 64, 800};
+  if (name == "tiny") return {128, 4, 512, lm ? 4 : 2, 4000, 2500, lm ? 128 : 64, 400};
   if (name == "small") return {256, 4, 1024, lm ? 6 : 3, 8000, 6144, lm ? 256 : 96, 2000};
   if (name == "base") return {512, 8, 2048, 6, 16000, 8192, lm ? 512 : 128, 4000};
   throw Error("--preset " + name + ": expected tiny, small or base");

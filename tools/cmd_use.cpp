@@ -146,13 +146,17 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
 void write_map(const std::string& path, const Generation& g, const std::vector<std::string>& rows,
                const std::vector<std::string>& cols, const std::string& title) {
   check(g.attention_rows > 0, "--attention-map: nothing was captured");
-  std::vector<std::string> r(rows.begin(), rows.begin() + std::min<int64_t>(g.attention_rows, static_cast<int64_t>(rows.size())));
-  std::vector<std::string> c(cols.begin(), cols.begin() + std::min<int64_t>(g.attention_cols, static_cast<int64_t>(cols.size())));
-  r.resize(static_cast<size_t>(g.attention_rows), "");
-  c.resize(static_cast<size_t>(g.attention_cols), "<pad>");
-  viz::write_svg(path, viz::heatmap_svg(g.attention.data(), g.attention_rows, g.attention_cols, r, c, title));
-  std::fprintf(stderr, "qkv: attention map (%lld x %lld) written to %s\n", static_cast<long long>(g.attention_rows),
-               static_cast<long long>(g.attention_cols), path.c_str());
+  // rows: the generated (or fed) tokens; columns: this input's own tokens (a batch pads the
+  // others' to its longest, and padding gets no weight)
+  const int64_t R = std::min<int64_t>(g.attention_rows, static_cast<int64_t>(rows.size()));
+  const int64_t C = std::min<int64_t>(g.attention_cols, static_cast<int64_t>(cols.size()));
+  std::vector<float> w(static_cast<size_t>(R * C));
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < C; ++j) w[i * C + j] = g.attention[i * g.attention_cols + j];
+  const std::vector<std::string> r(rows.begin(), rows.begin() + R), c(cols.begin(), cols.begin() + C);
+  viz::write_svg(path, viz::heatmap_svg(w.data(), R, C, r, c, title));
+  std::fprintf(stderr, "qkv: attention map (%lld x %lld) written to %s\n", static_cast<long long>(R),
+               static_cast<long long>(C), path.c_str());
 }
 
 std::string map_title(const char* kind, const DecodeOptions& d, int64_t layers) {

@@ -80,10 +80,12 @@ struct SentencePieceTrainOptions {
   int threads = 2;                     // 1..128
   uint64_t seed = 0;                   // SentencePiece's generator seed (taken mod 2^32)
 };
-// Trains in memory on `sentences` (each valid UTF-8) and returns the tokenizer; SentencePiece's
-// logging is silenced. pad=0, unk=1, bos=2, eos=3. Lossless: identity normalisation, spaces
-// kept as they are, and byte fallback, so decode(encode(s)) == s for every valid UTF-8 s (this
-// needs vocab_size above 260 plus the number of distinct characters kept).
+// Trains in memory on `sentences` (each valid UTF-8) and returns the tokenizer. pad=0, unk=1,
+// bos=2, eos=3. Lossless: identity normalisation, spaces kept as they are, and byte fallback, so
+// decode(encode(s)) == s for every valid UTF-8 s (this needs vocab_size above 260 plus the
+// number of distinct characters kept). SentencePiece skips sentences over 4192 bytes. Its log
+// level and random seed are process-wide: training silences its logging for the rest of the
+// process and sets the seed.
 std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& sentences,
                                                const SentencePieceTrainOptions& opt);
 

@@ -133,6 +133,9 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& s
       {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", "false"},
       {"byte_fallback", "true"},
+      // A small corpus may not support the requested size: unigram then stops below it rather
+      // than failing ("Vocabulary size too high").
+      {"hard_vocab_limit", "false"},
       {"minloglevel", "100"},  // no INFO, WARNING or ERROR lines on stderr: failures come back as a Status
   };
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(opt.seed));

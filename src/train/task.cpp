@@ -205,6 +205,7 @@ struct Metric {
   int64_t step;
   double loss;       // NaN when not logged
   double valid_loss; // NaN when not evaluated
+  std::string line;  // as read back from metrics.jsonl (resume), else empty
 };
 
 std::vector<Metric> read_metrics(const std::string& path) {
@@ -221,7 +222,7 @@ std::vector<Metric> read_metrics(const std::string& path) {
       continue;  // a torn last line cannot happen (atomic writes), but never trust a file
     }
     if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    Metric m{j["step"].get<int64_t>(), nan, nan};
+    Metric m{j["step"].get<int64_t>(), nan, nan, line};
     if (j.contains("loss") && j["loss"].is_number()) m.loss = j["loss"].get<double>();
     if (j.contains("valid_loss") && j["valid_loss"].is_number()) m.valid_loss = j["valid_loss"].get<double>();
     out.push_back(m);
@@ -287,7 +288,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       if (m.step <= trainer.steps_done()) metrics.push_back(m);
   }
   std::string metrics_text;
-  for (const Metric& m : metrics) metrics_text += metric_line(m, json::object()) + "\n";
+  for (const Metric& m : metrics) metrics_text += m.line + "\n";
 
   const std::vector<int64_t> lengths = lengths_of(task, train);
   auto plan_for = [&](int64_t e) { return batch_by_length(lengths, config.max_tokens, config.seed + 7919 * static_cast<uint64_t>(e), true); };
@@ -346,7 +347,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     p.lr = rep.lr;
     p.elapsed_s = elapsed();
     p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
-    Metric m{rep.step, rep.skipped ? nan : rep.loss, nan};
+    Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
     json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
     if (rep.skipped) extra["skipped"] = true;
     const bool eval_now = rep.step % eval_every == 0 || limit_reached() || (config.stop && config.stop->load());
@@ -382,7 +383,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       best = ev.loss;
       model.save(out_dir);
     }
-    Metric m{trainer.steps_done(), nan, ev.loss};
+    Metric m{trainer.steps_done(), nan, ev.loss, {}};
     metrics.push_back(m);
     metrics_text += metric_line(m, {{"valid_accuracy", ev.accuracy}}) + "\n";
   }

