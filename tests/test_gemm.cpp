@@ -11,9 +11,13 @@ namespace qkv {
 namespace {
 
 TEST(Gemm, MatchesNaiveProductWithTransposes) {
+  // M = 1 takes the matrix-vector path (decoding steps); lda > 1 with a transposed A then
+  // strides through a column.
+  for (const int64_t M : {int64_t{37}, int64_t{1}}) {
+  SCOPED_TRACE(M);
   std::mt19937 rng(1);
   std::normal_distribution<float> n;
-  const int64_t M = 37, N = 29, K = 41;
+  const int64_t N = 29, K = 41;
   std::vector<float> A(M * K), B(K * N), C(M * N, 1.0f);
   for (float& x : A) x = n(rng);
   for (float& x : B) x = n(rng);
@@ -32,6 +36,7 @@ TEST(Gemm, MatchesNaiveProductWithTransposes) {
       for (int64_t i = 0; i < M * N; ++i) ASSERT_NEAR(C[i], want[i], 1e-4) << ta << tb << " at " << i;
       std::fill(C.begin(), C.end(), 1.0f);
     }
+  }
 }
 
 TEST(Gemm, FallbackDetection) {

@@ -1,6 +1,9 @@
 // Shared by the benchmarks: this machine's SGEMM ceiling and the process's memory from /proc.
 #pragma once
 #include <cstdint>
+#include <string>
+
+#include "qkv/model.h"
 
 namespace qkv::cli {
 
@@ -10,5 +13,13 @@ double gemm_ceiling(int64_t n, int reps);
 
 // A field of /proc/self/status in kB ("VmHWM": peak resident memory, "VmRSS": current), or -1.
 int64_t proc_status_kb(const char* key);
+
+// The benchmark models: "gpt2-small" (GPT-2 small's shape) or "transformer-base" (the 2017 base
+// encoder-decoder). Defined in cmd_bench_train.cpp.
+ModelConfig bench_preset(const std::string& name);
+
+// Read bandwidth in GB/s: the best of `reps` passes summing a `mib` MiB array with every thread
+// (measured in the same run as what it bounds).
+double read_bandwidth_gbs(int64_t mib, int reps);
 
 }  // namespace qkv::cli

@@ -243,7 +243,7 @@ int run_bench(const BenchOptions& o) {
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, or model training");
+  CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, model training, decoding");
   b->require_subcommand(1);
   CLI::App* c = b->add_subcommand("attention", "Flash vs reference attention vs the machine's SGEMM ceiling");
   c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',');
@@ -256,7 +256,9 @@ Runner add_bench(CLI::App& app) {
   c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds");
   c->add_flag("--json", o->json, "Print JSON instead of a table");
   Runner train = add_bench_train(*b);
-  return [o, c, train] { return c->parsed() ? run_bench(*o) : train(); };
+  Runner decode = add_bench_decode(*b);
+  CLI::App* dc = b->get_subcommand("decode");
+  return [o, c, train, decode, dc] { return c->parsed() ? run_bench(*o) : dc->parsed() ? decode() : train(); };
 }
 
 }  // namespace qkv::cli

@@ -25,7 +25,9 @@ struct TrainBenchOptions {
   bool json = false;
 };
 
-ModelConfig preset(const std::string& name) {
+}  // namespace
+
+ModelConfig bench_preset(const std::string& name) {
   ModelConfig c;
   if (name == "gpt2-small") {
     // GPT-2 small: 12 layers, d_model 768, 12 heads, FFN 3072, vocabulary 50257, learned
@@ -62,6 +64,8 @@ ModelConfig preset(const std::string& name) {
   return c;
 }
 
+namespace {
+
 Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
   Tensor t({B, T}, DType::I64);
   for (int64_t i = 0; i < B * T; ++i) t.data<int64_t>()[i] = static_cast<int64_t>(rng.below(static_cast<uint64_t>(V)));
@@ -69,7 +73,7 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
 }
 
 int run_bench_train(const TrainBenchOptions& o) {
-  const ModelConfig cfg = o.config.empty() ? preset(o.model) : ModelConfig::load(o.config);
+  const ModelConfig cfg = o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
   const double ceiling = gemm_ceiling(2048, 3);
   Model model(cfg);

@@ -23,6 +23,17 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   check(M >= 0 && N >= 0 && K >= 0, "sgemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
+  if (M == 1 && K > 0) {
+    // One row (a decoding step): y = op(B)^T a as a matrix-vector product, which streams B once
+    // instead of packing it first as sgemm does. a's elements are A[k * lda] when A is
+    // transposed (stored K x 1), else A[k].
+    //   C (1, N) = alpha a (1, K) op(B) (K, N) + beta C
+    //   trans_b: B is (N, K), so C^T = B a ;  else B is (K, N), so C^T = B^T a
+    cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, static_cast<blasint>(trans_b ? N : K),
+                static_cast<blasint>(trans_b ? K : N), alpha, B, static_cast<blasint>(ldb), A,
+                static_cast<blasint>(trans_a ? lda : 1), beta, C, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(M), static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
               static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));

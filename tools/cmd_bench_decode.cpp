@@ -1,0 +1,85 @@
+// qkv bench decode: cached greedy decoding at batch 1, in tokens/s, against the memory-bandwidth
+// bound (every weight is read once per token: weight bytes / the machine's read bandwidth,
+// measured in the same run).
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "qkv/qkv.h"
+
+namespace qkv::cli {
+namespace {
+
+struct DecodeBenchOptions {
+  std::string model = "gpt2-small";
+  int64_t prompt = 16, tokens = 64;
+  int reps = 3;
+  bool json = false;
+};
+
+int run_bench_decode(const DecodeBenchOptions& o) {
+  const ModelConfig cfg = bench_preset(o.model);
+  check(cfg.arch == Arch::Decoder, "bench decode: --model must be a decoder-only preset (gpt2-small)");
+  Model model(cfg);
+  model.init(1);
+  Rng rng(3);
+  std::vector<int32_t> prompt;
+  for (int64_t i = 0; i < o.prompt; ++i) prompt.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size))));
+  GenerateConfig g;
+  g.eos_id = -1;
+  auto time_generate = [&](int64_t n) {
+    g.max_new_tokens = n;
+    const auto t0 = std::chrono::steady_clock::now();
+    generate(model, {prompt}, g);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  time_generate(4);  // warm-up: caches, allocator, BLAS threads
+  // per-token decode time: (prefill + n steps) - (prefill + 1 step), over n - 1 steps; best of reps
+  double best = 1e30;
+  for (int r = 0; r < o.reps; ++r) {
+    const double one = time_generate(1), many = time_generate(o.tokens + 1);
+    best = std::min(best, (many - one) / static_cast<double>(o.tokens));
+  }
+  const double tok_s = 1.0 / best;
+  // bytes read per token: every parameter but the unused rows of the position table
+  int64_t params = model.num_parameters();
+  if (const Parameter* p = model.find("pos_embed.weight")) params -= p->var->value.numel() - cfg.d_model;
+  const double bytes = static_cast<double>(params) * sizeof(float);
+  const double bw = read_bandwidth_gbs(1024, 5);
+  const double bound = bw * 1e9 / bytes;
+  if (o.json) {
+    nlohmann::json j = {{"model", o.model},        {"batch", 1},           {"prompt", o.prompt},
+                        {"tokens", o.tokens},      {"threads", num_threads()}, {"tokens_per_s", tok_s},
+                        {"ms_per_token", 1e3 * best}, {"weight_mib", bytes / (1 << 20)},
+                        {"read_bandwidth_gbs", bw}, {"bound_tokens_per_s", bound}, {"fraction_of_bound", tok_s / bound}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::printf("qkv bench decode: %s, batch 1, prompt %lld, %lld new tokens (greedy, KV cache), %d threads\n",
+              o.model.c_str(), static_cast<long long>(o.prompt), static_cast<long long>(o.tokens), num_threads());
+  std::printf("  decode: %.2f ms/token = %.1f tokens/s (best of %d)\n", 1e3 * best, tok_s, o.reps);
+  std::printf("  bound: %.0f MiB of weights per token at %.1f GB/s read bandwidth = %.1f tokens/s; qkv reaches %.0f%%\n",
+              bytes / (1 << 20), bw, bound, 100 * tok_s / bound);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench_decode(CLI::App& bench) {
+  auto o = std::make_shared<DecodeBenchOptions>();
+  CLI::App* c = bench.add_subcommand("decode", "Decoding tokens/s at batch 1 against the memory-bandwidth bound");
+  c->add_option("--model", o->model, "gpt2-small")->check(CLI::IsMember({"gpt2-small"}));
+  c->add_option("--prompt", o->prompt, "Prompt tokens")->check(CLI::Range(1, 512));
+  c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->check(CLI::Range(2, 512));
+  c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->check(CLI::Range(1, 100));
+  c->add_flag("--json", o->json, "Print JSON");
+  return [o] { return run_bench_decode(*o); };
+}
+
+}  // namespace qkv::cli
