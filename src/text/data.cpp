@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "qkv/error.h"
+#include "qkv/tokenizer.h"
 #include "qkv/rng.h"
 
 namespace qkv {
@@ -102,40 +103,14 @@ bool LineReader::next(std::string& line) {
 }
 
 std::string utf8_problem(std::string_view s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    const unsigned c = p[i];
-    if (c == 0) return detail::concat("NUL byte at byte ", i + 1);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // (len, lo, hi): the sequence length and the allowed range of the second byte, which is
-    // where overlong forms (E0, F0), surrogates (ED) and values above U+10FFFF (F4) are excluded.
-    size_t len = 0;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) {
-      len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3;
-      if (c == 0xE0) lo = 0xA0;
-      if (c == 0xED) hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4;
-      if (c == 0xF0) lo = 0x90;
-      if (c == 0xF4) hi = 0x8F;
-    } else {
-      return detail::concat("invalid UTF-8 at byte ", i + 1);
-    }
-    if (i + len > n) return detail::concat("invalid UTF-8 at byte ", i + 1);
-    if (p[i + 1] < lo || p[i + 1] > hi) return detail::concat("invalid UTF-8 at byte ", i + 1);
-    for (size_t k = 2; k < len; ++k)
-      if ((p[i + k] & 0xC0) != 0x80) return detail::concat("invalid UTF-8 at byte ", i + 1);
-    i += len;
+  // the validation rules are the tokenizers' (qkv/tokenizer.h); positions here count from 1
+  if (const size_t nul = s.find('\0'); nul != std::string_view::npos) {
+    const int64_t bad = invalid_utf8_offset(s.substr(0, nul));
+    if (bad < 0) return detail::concat("NUL byte at byte ", nul + 1);
+    return detail::concat("invalid UTF-8 at byte ", bad + 1);
   }
-  return "";
+  const int64_t bad = invalid_utf8_offset(s);
+  return bad < 0 ? std::string() : detail::concat("invalid UTF-8 at byte ", bad + 1);
 }
 
 std::vector<TextPair> read_parallel_tsv(const std::string& path, ReadReport* report) {

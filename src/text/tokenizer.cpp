@@ -229,6 +229,17 @@ class ByteTokenizer final : public Tokenizer {
 // ---------------------------------------------------------------------------------------------
 // UTF-8
 
+int64_t invalid_utf8_offset(std::string_view text) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const Utf8Step st = utf8_step(s, n, i);
+    if (st.fault != Utf8Fault::None) return static_cast<int64_t>(i);
+    i += st.len;
+  }
+  return -1;
+}
+
 void check_utf8(std::string_view text, std::string_view what) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
