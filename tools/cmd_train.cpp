@@ -180,6 +180,8 @@ int run(Options o) {
   } else if (o.tokenizer.rfind("gpt2:", 0) == 0) {
     const std::string dir = o.tokenizer.substr(5);
     tok = load_gpt2_tokenizer(dir + "/encoder.json", dir + "/vocab.bpe");
+  } else if (o.tokenizer.size() > 6 && o.tokenizer.compare(o.tokenizer.size() - 6, 6, ".model") == 0) {
+    tok = load_sentencepiece(o.tokenizer);  // an existing SentencePiece model file
   } else if (!o.tokenizer.empty()) {
     tok = load_tokenizer(o.tokenizer);
   } else {
@@ -300,8 +302,8 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"tiny", "small", "base"}));
   c->add_option("--config", o->config, "A config.json for the model instead of a preset")->check(CLI::ExistingFile);
   c->add_option("--tokenizer", o->tokenizer,
-                "A directory with tokenizer.json (e.g. a model), 'byte', or gpt2:DIR (GPT-2's encoder.json + vocab.bpe "
-                "in DIR) (default: train SentencePiece)");
+                "A directory with tokenizer.json (e.g. a model), a SentencePiece .model file, 'byte', or gpt2:DIR "
+                "(GPT-2's encoder.json + vocab.bpe in DIR) (default: train SentencePiece)");
   c->add_option("--vocab", o->vocab, "SentencePiece vocabulary size (default: the preset's)")->check(CLI::Range(300, 1000000));
   c->add_option("--spm-type", o->spm_type, "SentencePiece model: unigram or bpe")->check(CLI::IsMember({"unigram", "bpe"}));
   c->add_option("--steps", o->steps, "Stop after N optimiser steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -183,9 +184,15 @@ Runner add_translate(CLI::App& app) {
     const std::vector<std::string> lines = input_lines(o->input);
     Generation map;
     std::vector<int32_t> src0;
+    Progress bar(10);
+    const auto t0 = std::chrono::steady_clock::now();
     const std::vector<std::string> out =
-        translate_all(L, lines, o->d, o->d.attention_map.empty() ? nullptr : &map, &src0, nullptr);
+        translate_all(L, lines, o->d, o->d.attention_map.empty() ? nullptr : &map, &src0, lines.size() > 64 ? &bar : nullptr);
+    bar.finish();
     for (const std::string& s : out) std::printf("%s\n", s.c_str());
+    if (lines.size() > 64)
+      std::fprintf(stderr, "qkv translate: %zu sentences in %s\n", lines.size(),
+                   fmt_duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).c_str());
     if (!o->d.attention_map.empty() && !lines.empty())
       write_map(o->d.attention_map, map, pieces(*L.tok, map.tokens), pieces(*L.tok, src0),
                 map_title("cross", o->d, L.model.config().n_decoder_layers));

@@ -350,7 +350,8 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
     json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
     if (rep.skipped) extra["skipped"] = true;
-    const bool eval_now = rep.step % eval_every == 0 || limit_reached() || (config.stop && config.stop->load());
+    // (a stop request skips validation: Ctrl-C should save and return at once)
+    const bool eval_now = rep.step % eval_every == 0 || limit_reached();
     if (eval_now && !valid.empty()) {
       const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
       m.valid_loss = last_valid = ev.loss;
@@ -376,7 +377,8 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     if (on_progress) on_progress(p);
   }
   // A run that ended between evaluations is validated once more (its weights may be the best).
-  if (last_eval_step != trainer.steps_done() && !valid.empty() && trainer.steps_done() > start_step) {
+  if (!res.interrupted && last_eval_step != trainer.steps_done() && !valid.empty() &&
+      trainer.steps_done() > start_step) {
     const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
     last_valid = ev.loss;
     if (ev.loss < best) {
