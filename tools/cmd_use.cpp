@@ -227,9 +227,12 @@ Runner add_generate(CLI::App& app) {
     const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o->n), prompt);
     const std::vector<Generation> out = generate(L.model, prompts, g);
     for (const Generation& gen : out) {
-      std::vector<int32_t> t = gen.tokens;
-      if (!t.empty() && t.back() == L.tok->eos_id()) t.pop_back();
-      std::printf("%s%s\n", o->prompt.c_str(), L.tok->decode(t).c_str());
+      // prompt and continuation decoded together: a tokenizer may mark word starts on the
+      // token that follows (SentencePiece's "▁"), which a separate decode would drop
+      std::vector<int32_t> t = prompt;
+      t.insert(t.end(), gen.tokens.begin(), gen.tokens.end());
+      if (t.back() == L.tok->eos_id()) t.pop_back();
+      std::printf("%s\n", L.tok->decode(t).c_str());
     }
     if (g.capture_attention) {
       std::vector<int32_t> all = prompt;

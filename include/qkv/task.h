@@ -64,7 +64,7 @@ struct LoopConfig {
 struct LoopProgress {
   int64_t step = 0, epoch = 0;
   double loss = 0, lr = 0;     // this step's
-  double tokens_per_s = 0;     // counted target tokens per second, since start or resume
+  double tokens_per_s = 0;     // target tokens (classify: input tokens) per second, since start or resume
   double elapsed_s = 0;
   double fraction = -1;        // of the run's limit, 0..1 (-1: no limit known)
   bool evaluated = false;      // this step ended with validation

@@ -339,7 +339,12 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     const Batch b = make_batch(cfg, task, train, plan.batches[static_cast<size_t>(batch_pos)]);
     const StepReport rep = trainer.step({b});
     ++batch_pos;
-    tokens += task == Task::Classify ? b.target.numel() : counted_targets(b, pad);
+    if (task == Task::Classify) {
+      // a classifier's tokens are its inputs' (each example has one target)
+      for (int64_t r = 0; r < b.input_lengths.numel(); ++r) tokens += b.input_lengths.data<int64_t>()[r];
+    } else {
+      tokens += counted_targets(b, pad);
+    }
     LoopProgress p;
     p.step = rep.step;
     p.epoch = epoch;
