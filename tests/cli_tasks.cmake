@@ -1,34 +1,7 @@
 # The toolkit commands end to end on small data: qkv data, train (translate, lm, classify),
 # translate, generate, classify, eval, tokenize, --resume, and bad input giving one clear error.
 # Run as: cmake -DQKV=path/to/qkv -DWORK=scratch/dir -P cli_tasks.cmake
-function(run_qkv expect_rc out_var err_var)
-  execute_process(COMMAND ${QKV} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL expect_rc)
-    message(FATAL_ERROR "qkv ${ARGN}: exit code ${rc}, expected ${expect_rc}\nstdout: ${out}\nstderr: ${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-  set(${err_var} "${err}" PARENT_SCOPE)
-endfunction()
-# The same with a file on standard input.
-function(run_qkv_stdin expect_rc input out_var err_var)
-  execute_process(COMMAND ${QKV} ${ARGN} INPUT_FILE ${input} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT rc EQUAL expect_rc)
-    message(FATAL_ERROR "qkv ${ARGN} < ${input}: exit code ${rc}, expected ${expect_rc}\nstdout: ${out}\nstderr: ${err}")
-  endif()
-  set(${out_var} "${out}" PARENT_SCOPE)
-  set(${err_var} "${err}" PARENT_SCOPE)
-endfunction()
-function(expect_contains text needle what)
-  string(FIND "${text}" "${needle}" pos)
-  if(pos EQUAL -1)
-    message(FATAL_ERROR "${what}: expected to find '${needle}' in:\n${text}")
-  endif()
-endfunction()
-function(expect_file path what)
-  if(NOT EXISTS "${path}")
-    message(FATAL_ERROR "${what}: ${path} was not written")
-  endif()
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/cli_common.cmake)
 
 set(w "${WORK}")
 file(REMOVE_RECURSE "${w}")
@@ -119,6 +92,17 @@ if(NOT first)
 endif()
 run_qkv(0 out err eval --model "${w}/cls")
 expect_contains("${out}" "accuracy" "eval on a classifier")
+
+# an existing SentencePiece .model as the tokenizer: the new model's vocabulary is that model's
+run_qkv(0 out err train --task classify --data "${w}/labels.tsv" --out "${w}/cls_spm" --tokenizer "${w}/lm/tokenizer.model"
+        --steps 1 --max-tokens 256)
+file(READ "${w}/lm/config.json" lm_cfg)
+file(READ "${w}/cls_spm/config.json" spm_cfg)
+string(REGEX MATCH "\"vocab_size\": [0-9]+" v1 "${lm_cfg}")
+string(REGEX MATCH "\"vocab_size\": [0-9]+" v2 "${spm_cfg}")
+if(NOT v1 STREQUAL v2)
+  message(FATAL_ERROR "train --tokenizer FILE.model: vocabulary '${v2}', expected the model's '${v1}'")
+endif()
 
 # --- bad input: one clear error each, exit code 2
 run_qkv(2 out err train --task translate --data "${w}/missing.tsv" --out "${w}/x1" --steps 1)

@@ -103,6 +103,27 @@ TEST(Utf8, ReplaceInvalidLikePython) {
 // ---------------------------------------------------------------------------------------------
 // Byte tokenizer
 
+TEST(Utf8, DecodeGivesCodePointsAndRejectsWhatCheckRejects) {
+  const std::string text = "a\xC3\xA4\xE2\x82\xAC\xF0\x9F\x98\x80";  // a ä € 😀
+  const char32_t want[] = {U'a', 0xE4, 0x20AC, 0x1F600};
+  size_t i = 0;
+  for (char32_t w : want) {
+    char32_t cp = 0;
+    const size_t len = qkv::decode_utf8(text, i, cp);
+    ASSERT_GT(len, 0u) << "at " << i;
+    EXPECT_EQ(cp, w) << "at " << i;
+    i += len;
+  }
+  EXPECT_EQ(i, text.size());
+  char32_t cp = 0;
+  for (const char* bad : {"\x80", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82"}) {
+    EXPECT_EQ(qkv::decode_utf8(bad, 0, cp), 0u) << bad;
+    EXPECT_EQ(qkv::invalid_utf8_offset(bad), 0) << bad;
+  }
+  EXPECT_EQ(qkv::invalid_utf8_offset(text), -1);
+  EXPECT_EQ(qkv::invalid_utf8_offset("ok\xFF"), 2);
+}
+
 TEST(ByteTokenizer, IdsAreBytesPlusThree) {
   const auto tok = qkv::make_byte_tokenizer();
   EXPECT_EQ(tok->type(), "byte");

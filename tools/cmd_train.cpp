@@ -16,11 +16,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "commands.h"
 #include "qkv/qkv.h"
@@ -109,14 +107,6 @@ void make_dir(const std::string& dir) {
   check(!ec && fs::is_directory(dir), "--out ", dir, ": cannot create the directory", ec ? ": " + ec.message() : "");
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), path, ": cannot open");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 json options_json(const Options& o) {
   return {{"task", o.task},         {"data", o.data},         {"source", o.source},
           {"target", o.target},     {"preset", o.preset},     {"config", o.config},
@@ -136,7 +126,7 @@ int run(Options o) {
     const std::string path = o.out + "/train.json";
     json j;
     try {
-      j = json::parse(read_text_file(path));
+      j = json::parse(read_file(path, "train.json"));
     } catch (const json::exception& e) {
       throw Error(path + ": not valid JSON: " + e.what());
     }

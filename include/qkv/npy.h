@@ -16,4 +16,8 @@ std::string to_npy_bytes(const Tensor& t);
 // Writes `bytes` to `path` through a temporary file in the same directory, fsync, then rename.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
+// The whole file. Errors name the path and `what` it should be ("tokenizer.json", ".npy file"):
+// cannot open, a directory (not a regular file), or a failed read.
+std::string read_file(const std::string& path, const std::string& what);
+
 }  // namespace qkv

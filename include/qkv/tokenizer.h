@@ -94,6 +94,9 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& s
 // sequence: a stray continuation byte, a byte that never starts a character, a truncated
 // sequence, an overlong encoding, a surrogate (U+D800..U+DFFF) or a value above U+10FFFF.
 void check_utf8(std::string_view text, std::string_view what);
+// The character at text[i] (i < text.size()): its length in bytes with cp set, or 0 when an
+// invalid sequence starts there (same rules).
+size_t decode_utf8(std::string_view text, size_t i, char32_t& cp);
 // The 0-based byte offset of the first invalid sequence (same rules), or -1 for valid UTF-8.
 int64_t invalid_utf8_offset(std::string_view text);
 // `bytes` with each maximal invalid subsequence replaced by U+FFFD; valid text is unchanged.

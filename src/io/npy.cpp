@@ -379,12 +379,17 @@ Tensor parse_npy(const std::string& bytes, const std::string& name) {
   return t.permute(order).clone();
 }
 
-Tensor read_npy(const std::string& path) {
+std::string read_file(const std::string& path, const std::string& what) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open .npy file: ", errno_text(errno));
-  std::string bytes;
+  if (fd < 0) fail(path, ": cannot open ", what, ": ", errno_text(errno));
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
+  const bool have_stat = ::fstat(fd, &st) == 0;
+  if (have_stat && S_ISDIR(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": ", what, " is a directory, not a regular file");
+  }
+  std::string bytes;
+  if (have_stat && S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
   char buf[1 << 16];
   for (;;) {
     const ssize_t got = ::read(fd, buf, sizeof buf);
@@ -392,14 +397,16 @@ Tensor read_npy(const std::string& path) {
     if (got < 0) {
       const int err = errno;
       ::close(fd);
-      throw Error(detail::concat(path, ": cannot read .npy file: ", errno_text(err)));
+      fail(path, ": cannot read ", what, ": ", errno_text(err));
     }
     if (got == 0) break;
     bytes.append(buf, static_cast<size_t>(got));
   }
   ::close(fd);
-  return parse_npy(bytes, path);
+  return bytes;
 }
+
+Tensor read_npy(const std::string& path) { return parse_npy(read_file(path, ".npy file"), path); }
 
 // ---------------------------------------------------------------------------------------------
 // Writing

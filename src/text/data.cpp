@@ -113,17 +113,22 @@ std::string utf8_problem(std::string_view s) {
   return bad < 0 ? std::string() : detail::concat("invalid UTF-8 at byte ", bad + 1);
 }
 
-std::vector<TextPair> read_parallel_tsv(const std::string& path, ReadReport* report) {
+namespace {
+
+// Lines of "first<TAB>second" as {first, second} records; malformed lines counted, not used.
+template <class Record>
+std::vector<Record> read_two_columns(const std::string& path, ReadReport* report, const char* unit, const char* first,
+                                     const char* second) {
   ReadReport r;
-  r.unit = "pairs";
-  std::vector<TextPair> out;
+  r.unit = unit;
+  std::vector<Record> out;
   LineReader in(path);
   std::string line;
   while (in.next(line)) {
     ++r.lines;
     if (is_blank(line)) continue;
     std::string_view a, b;
-    if (std::string why = split_two(line, "source", "target", a, b); !why.empty()) {
+    if (std::string why = split_two(line, first, second, a, b); !why.empty()) {
       note_malformed(r, in.line_number(), std::move(why));
       continue;
     }
@@ -133,6 +138,12 @@ std::vector<TextPair> read_parallel_tsv(const std::string& path, ReadReport* rep
   if (report) *report = r;
   check_not_empty(r, path);
   return out;
+}
+
+}  // namespace
+
+std::vector<TextPair> read_parallel_tsv(const std::string& path, ReadReport* report) {
+  return read_two_columns<TextPair>(path, report, "pairs", "source", "target");
 }
 
 std::vector<TextPair> read_parallel_files(const std::string& src, const std::string& tgt, ReadReport* report) {
@@ -181,25 +192,7 @@ std::vector<TextPair> read_parallel_files(const std::string& src, const std::str
 }
 
 std::vector<LabeledText> read_labeled_tsv(const std::string& path, ReadReport* report) {
-  ReadReport r;
-  r.unit = "labeled texts";
-  std::vector<LabeledText> out;
-  LineReader in(path);
-  std::string line;
-  while (in.next(line)) {
-    ++r.lines;
-    if (is_blank(line)) continue;
-    std::string_view a, b;
-    if (std::string why = split_two(line, "label", "text", a, b); !why.empty()) {
-      note_malformed(r, in.line_number(), std::move(why));
-      continue;
-    }
-    out.push_back({std::string(a), std::string(b)});
-    ++r.used;
-  }
-  if (report) *report = r;
-  check_not_empty(r, path);
-  return out;
+  return read_two_columns<LabeledText>(path, report, "labeled texts", "label", "text");
 }
 
 std::vector<std::string> read_lines(const std::string& path, ReadReport* report) {

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "qkv/error.h"
+#include "qkv/tokenizer.h"
 
 namespace qkv {
 namespace {
@@ -21,33 +22,9 @@ namespace {
 // valid, shortest-form sequence decodes to 0xDC00 + byte (as Python's surrogateescape does), so
 // it is one character that equals no valid character.
 size_t next_code_point(std::string_view s, size_t i, char32_t& cp) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) {
-    cp = b0;
-    return 1;
-  }
-  size_t len = 0;
-  char32_t v = 0, min = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, v = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, v = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, v = b0 & 0x07, min = 0x10000;
-  }
-  bool ok = len > 0 && i + len <= s.size();
-  for (size_t k = 1; ok && k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    ok = (b & 0xC0) == 0x80;
-    v = (v << 6) | (b & 0x3F);
-  }
-  ok = ok && v >= min && v <= 0x10FFFF && !(v >= 0xD800 && v <= 0xDFFF);
-  if (!ok) {
-    cp = 0xDC00 + b0;
-    return 1;
-  }
-  cp = v;
-  return len;
+  if (const size_t len = decode_utf8(s, i, cp)) return len;
+  cp = 0xDC00 + static_cast<unsigned char>(s[i]);
+  return 1;
 }
 
 // Python's str.isspace(): what str.split() and str.rstrip() treat as whitespace.

@@ -3,10 +3,6 @@
 // SentencePiece in sentencepiece_tokenizer.cpp.
 #include "qkv/tokenizer.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -16,7 +12,7 @@
 #include <set>
 
 #include "qkv/error.h"
-#include "qkv/npy.h"  // write_file_atomic
+#include "qkv/npy.h"  // read_file, write_file_atomic
 
 namespace qkv {
 
@@ -91,32 +87,6 @@ const char* fault_text(Utf8Fault f) {
 
 // ---------------------------------------------------------------------------------------------
 // Files
-
-std::string read_file(const std::string& path, const char* what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open ", what, ": ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": ", what, " is not a regular file");
-  }
-  std::string bytes;
-  bytes.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, ": cannot read ", what, ": ", std::strerror(err));
-    }
-    if (got == 0) break;
-    bytes.append(buf, static_cast<size_t>(got));
-  }
-  ::close(fd);
-  return bytes;
-}
 
 std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
 
@@ -228,6 +198,18 @@ class ByteTokenizer final : public Tokenizer {
 
 // ---------------------------------------------------------------------------------------------
 // UTF-8
+
+size_t decode_utf8(std::string_view text, size_t i, char32_t& cp) {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const Utf8Step st = utf8_step(s, text.size(), i);
+  if (st.fault != Utf8Fault::None) return 0;
+  // cp <- the lead byte's payload bits, then 6 bits from each continuation byte
+  static constexpr unsigned char kLeadMask[] = {0, 0x7f, 0x1f, 0x0f, 0x07};
+  char32_t v = s[i] & kLeadMask[st.len];
+  for (size_t k = 1; k < st.len; ++k) v = (v << 6) | (s[i + k] & 0x3f);
+  cp = v;
+  return st.len;
+}
 
 int64_t invalid_utf8_offset(std::string_view text) {
   const auto* s = reinterpret_cast<const unsigned char*>(text.data());

@@ -2,6 +2,7 @@
 #include "qkv/task.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -9,7 +10,6 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "qkv/data.h"
 #include "qkv/error.h"
@@ -44,13 +44,10 @@ void TaskInfo::save(const std::string& dir) const {
 
 TaskInfo TaskInfo::load(const std::string& dir) {
   const std::string path = dir + "/task.json";
-  std::ifstream f(path, std::ios::binary);
-  check(f.good(), path, ": cannot open (is ", dir, " a model directory written by qkv train?)");
-  std::stringstream ss;
-  ss << f.rdbuf();
+  check(::access(path.c_str(), F_OK) == 0, path, ": not found (is ", dir, " a model directory written by qkv train?)");
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(read_file(path, "task.json"));
   } catch (const json::exception& e) {
     throw Error(path + ": not valid JSON: " + e.what());
   }

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "qkv/error.h"
+#include "qkv/tokenizer.h"
 #include "qkv/npy.h"  // write_file_atomic
 
 namespace qkv::viz {
@@ -36,29 +37,9 @@ std::string num(double v) {
 // Decodes one code point at s[i]; returns its length, or 1 with ok = false for a byte that does
 // not start a valid shortest-form sequence.
 size_t decode(std::string_view s, size_t i, char32_t& cp, bool& ok) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  ok = true;
-  if (b0 < 0x80) {
-    cp = b0;
-    return 1;
-  }
-  size_t len = 0;
-  char32_t v = 0, min = 0;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, v = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, v = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, v = b0 & 0x07, min = 0x10000;
-  }
-  ok = len > 0 && i + len <= s.size();
-  for (size_t k = 1; ok && k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    ok = (b & 0xC0) == 0x80;
-    v = (v << 6) | (b & 0x3F);
-  }
-  ok = ok && v >= min && v <= 0x10FFFF && !(v >= 0xD800 && v <= 0xDFFF);
-  cp = ok ? v : 0xFFFD;
+  const size_t len = decode_utf8(s, i, cp);
+  ok = len > 0;
+  if (!ok) cp = 0xFFFD;
   return ok ? len : 1;
 }
 
