@@ -26,6 +26,12 @@ std::string concat(const Args&... args) {
 }
 }  // namespace detail
 
+// Throws qkv::Error(concat(args...)).
+template <class... Args>
+[[noreturn]] inline void fail(const Args&... args) {
+  throw Error(detail::concat(args...));
+}
+
 // Throws qkv::Error(concat(args...)) when `ok` is false.
 template <class... Args>
 inline void check(bool ok, const Args&... args) {

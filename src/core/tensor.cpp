@@ -17,11 +17,6 @@ namespace {
 constexpr size_t kAlign = 64;
 
 // Throws qkv::Error(concat(args...)). Unlike check(), callers build the message only on failure.
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 bool mul_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
 bool add_overflows(int64_t a, int64_t b, int64_t* out) { return __builtin_add_overflow(a, b, out); }
 

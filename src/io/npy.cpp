@@ -48,11 +48,6 @@ std::string printable(const std::string& s, size_t max_len = 80) {
 std::string errno_text(int err) { return std::strerror(err); }
 
 // Throws qkv::Error(concat(args...)). Unlike check(), callers build the message only on failure.
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 // ---------------------------------------------------------------------------------------------
 // The header: a Python dict literal {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
 

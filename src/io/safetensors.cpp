@@ -35,11 +35,6 @@ constexpr char kMetadataKey[] = "__metadata__";
 constexpr char kFields[] = "dtype, shape and data_offsets";
 constexpr char kReadable[] = "F32, F64, I32, I64, BOOL, BF16 or F16";
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 // Text from the file made safe to quote: control bytes become \xNN (UTF-8 passes through), long
 // text is cut.
 std::string printable(std::string_view s, size_t max_len = 120) {

@@ -37,11 +37,6 @@ constexpr char kEndOfText[] = "<|endoftext|>";
 constexpr size_t kCacheWords = 1 << 16;   // the per-word cache is cleared when it reaches this many
 constexpr size_t kCacheMaxBytes = 256;    // longer words are not cached
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 // ---------------------------------------------------------------------------------------------
 // The pre-tokenisation regex, JavaScript's flavour:
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

@@ -19,11 +19,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp) : sp_(std::move(sp)) {}

@@ -20,11 +20,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-template <class... Args>
-[[noreturn]] void fail(const Args&... args) {
-  throw Error(detail::concat(args...));
-}
-
 // ---------------------------------------------------------------------------------------------
 // UTF-8 (Unicode 15, table 3-7: the well-formed byte sequences)
 
