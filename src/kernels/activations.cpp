@@ -127,6 +127,18 @@ void gelu_tanh_backward_block(const float* x, const float* dy, float* dx, int64_
   }
 }
 
+// ReLU and its gradient as plain loops over restrict pointers, which GCC vectorises (through the
+// generic for_each_index lambda it did not: the ReLU backward was 2% of a 2017-base training step).
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void relu_forward_block(const float* __restrict x, float* __restrict y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void relu_backward_block(const float* __restrict x, const float* __restrict dy, float* __restrict dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+}
+
 // Runs block(begin, count) over [0, n) in blocks of 4096, in parallel when n is large enough.
 template <class Block>
 void for_each_block(int64_t n, int threads, Block block) {
@@ -150,7 +162,7 @@ void activation_forward(Activation a, const float* x, float* y, int64_t n, int t
   switch (a) {
     case Activation::ReLU:
       // y <- max(x, 0)
-      for_each_index(n, threads, [=](int64_t i) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; });
+      for_each_block(n, threads, [=](int64_t b, int64_t c) { relu_forward_block(x + b, y + b, c); });
       break;
     case Activation::GeluErf:
       // y <- 0.5 x (1 + erf(x / sqrt(2)))
@@ -171,7 +183,7 @@ void activation_backward(Activation a, const float* x, const float* dy, float* d
   switch (a) {
     case Activation::ReLU:
       // dx <- dy * [x > 0]
-      for_each_index(n, threads, [=](int64_t i) { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; });
+      for_each_block(n, threads, [=](int64_t b, int64_t c) { relu_backward_block(x + b, dy + b, dx + b, c); });
       break;
     case Activation::GeluErf:
       // dx <- dy * (Phi(x) + x phi(x)),  Phi(x) = 0.5 (1 + erf(x / sqrt(2))),  phi(x) = exp(-x^2/2) / sqrt(2 pi)

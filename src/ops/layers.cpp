@@ -65,18 +65,17 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
   Var y = new_output(with_last(X.shape(), Out), needs_grad(x) || needs_grad(w) || needs_grad(b));
   float* Y = y->value.data<float>();
   const float* Wr = W.data<float>() + row_begin * In;
-  // y <- x W[r0:r1]^T (+ b[r0:r1])
-  if (In == 0) {
-    std::fill(Y, Y + N * Out, 0.0f);
-  } else {
-    sgemm(false, true, N, Out, In, 1.0f, X.data<float>(), In, Wr, In, 0.0f, Y, Out);
-  }
+  // y <- x W[r0:r1]^T (+ b[r0:r1]). With a bias, y starts as the bias rows and the product is
+  // added to it (beta = 1, as PyTorch's addmm): one pass over y instead of the BLAS zeroing it
+  // for beta = 0 and a second pass adding the bias.
   if (b) {
     const float* bias = b->value.data<float>() + bias_begin;
 #pragma omp parallel for num_threads(detail::threads_for(N * Out)) schedule(static)
-    for (int64_t i = 0; i < N; ++i)
-      for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
+    for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + Out, Y + i * Out);
+  } else if (In == 0) {
+    std::fill(Y, Y + N * Out, 0.0f);
   }
+  if (In > 0) sgemm(false, true, N, Out, In, 1.0f, X.data<float>(), In, Wr, In, b ? 1.0f : 0.0f, Y, Out);
   if (y->requires_grad) {
     tape.push([x, w, b, y, row_begin, bias_begin, In, Out, N] {
       const float* dY = out_grad(*y);
