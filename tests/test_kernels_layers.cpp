@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
@@ -575,6 +576,37 @@ TEST(SwiGlu, StableForLargeInputs) {
       EXPECT_NEAR(db[k], db_want, 1e-44 + 2.5e-7 * std::fabs(db_want));
     }
   }
+}
+
+TEST(Activations, ForwardWithDerivativeMatchesSeparatePasses) {
+  // activation_forward_grad: y bit for bit as activation_forward, and dy * f'(x) through
+  // multiply() within one float rounding of activation_backward (which rounds dy f'(x) once).
+  uint32_t seed = 650;
+  for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh})
+    for (int64_t n : {1, 5, 1000, 40000}) {
+      SCOPED_TRACE(std::string(name(a)) + " n=" + std::to_string(n));
+      std::mt19937 rng(seed++);
+      std::vector<float> x = activation_inputs(n, rng), dy = randn(n, rng);
+      if (n >= 5) {  // saturation and the largest floats, as in PinnedValuesAndEdges
+        x[0] = FLT_MAX;
+        x[1] = -FLT_MAX;
+        x[2] = -1000.0f;
+        x[3] = 1000.0f;
+        x[4] = 0.0f;
+      }
+      std::vector<float> y(n), y2(n), d(n), dx(n), dx2(n);
+      kernels::activation_forward(a, x.data(), y.data(), n, kThreads);
+      kernels::activation_backward(a, x.data(), dy.data(), dx.data(), n, kThreads);
+      kernels::activation_forward_grad(a, x.data(), y2.data(), d.data(), n, kThreads);
+      kernels::multiply(dy.data(), d.data(), dx2.data(), n, kThreads);
+      for (int64_t k = 0; k < n; ++k) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[k]), std::bit_cast<uint32_t>(y2[k])) << "x = " << x[k];
+        ASSERT_FALSE(std::isnan(dx2[k])) << "x = " << x[k];
+        EXPECT_NEAR(dx2[k], dx[k], 1e-37 + 2.5e-7 * std::fabs(dx[k])) << "x = " << x[k];
+      }
+    }
+  kernels::activation_forward_grad(Activation::GeluTanh, nullptr, nullptr, nullptr, 0, 3);
+  kernels::multiply(nullptr, nullptr, nullptr, 0, 3);
 }
 
 TEST(Activations, EmptyAndThreadCountIndependent) {

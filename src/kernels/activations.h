@@ -24,6 +24,15 @@ void activation_forward(Activation a, const float* x, float* y, int64_t n, int t
 // x, dy, dx: (n)
 void activation_backward(Activation a, const float* x, const float* dy, float* dx, int64_t n, int threads);
 
+// y <- f(x) and dydx <- f'(x), each rounded once to float (y bitwise as activation_forward).
+// For training: the backward pass is then multiply(dy, dydx, dx), which costs no exponential.
+// x, y, dydx: (n)
+void activation_forward_grad(Activation a, const float* x, float* y, float* dydx, int64_t n, int threads);
+
+// c <- a * b, elementwise
+// a, b, c: (n)
+void multiply(const float* a, const float* b, float* c, int64_t n, int threads);
+
 // y <- silu(a) * b, silu(a) = a * sigmoid(a)
 // a, b, y: (n)
 void swiglu_forward(const float* a, const float* b, float* y, int64_t n, int threads);

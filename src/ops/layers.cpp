@@ -300,6 +300,19 @@ Var activation(Tape& tape, const Var& x, Activation f) {
   Var y = new_output(X.shape(), needs_grad(x));
   const int64_t n = X.numel();
   const kernels::Activation k = kernel_activation(f);
+  if (y->requires_grad && k != kernels::Activation::ReLU) {
+    // GELU for training: f'(x) is computed with f(x), sharing the exponential, and saved, so
+    // the backward pass is one product (ReLU's derivative is cheaper to recompute than to keep).
+    Tensor D = Tensor::empty(X.shape(), DType::F32);
+    kernels::activation_forward_grad(k, X.data<float>(), y->value.data<float>(), D.data<float>(), n, num_threads());
+    tape.push([x, y, n, D] {
+      const float* dY = out_grad(*y);
+      if (!dY) return;
+      // dx <- dy f'(x)
+      into_grad(*x, [&](float* dX) { kernels::multiply(dY, D.data<float>(), dX, n, num_threads()); });
+    });
+    return y;
+  }
   kernels::activation_forward(k, X.data<float>(), y->value.data<float>(), n, num_threads());
   if (y->requires_grad) {
     tape.push([x, y, n, k] {
