@@ -5,7 +5,8 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libopenblas-openmp-dev      # GEMM (OpenMP build: shares qkv's thread pool)
+  libopenblas-openmp-dev      # single-row products (OpenMP build: shares qkv's thread pool)
+  libdnnl-dev                 # GEMM: oneDNN (OpenMP runtime)
   libgtest-dev                # tests
   libcli11-dev                # command line
   nlohmann-json3-dev          # config.json, safetensors headers, --json output

@@ -106,7 +106,8 @@ int run_bench(const BenchOptions& o) {
     std::printf("qkv bench attention: B=%lld H=%lld D=%lld, %d threads, kernels: %s\nCPU: %s\n",
                 static_cast<long long>(o.batch), static_cast<long long>(o.heads), static_cast<long long>(o.dim),
                 threads, isa_name(active_isa()), cpu_description().c_str());
-    std::printf("BLAS: %s, kernel %s (%s)%s\n", blas.library.c_str(), blas.corename.c_str(), blas.threading.c_str(),
+    std::printf("GEMM: %s; single rows: %s, kernel %s (%s)%s\n", blas.gemm.c_str(), blas.library.c_str(),
+                blas.corename.c_str(), blas.threading.c_str(),
                 blas.generic_fallback ? "  WARNING: generic fallback kernel" : "");
     std::printf("ceiling: SGEMM %lldx%lldx%lld = %.1f GFLOP/s\n\n", static_cast<long long>(o.gemm_n),
                 static_cast<long long>(o.gemm_n), static_cast<long long>(o.gemm_n), ceiling);
@@ -204,7 +205,7 @@ int run_bench(const BenchOptions& o) {
     j["cpu"] = cpu_description();
     j["isa"] = isa_name(active_isa());
     j["threads"] = threads;
-    j["blas"] = {{"library", blas.library}, {"corename", blas.corename}, {"threading", blas.threading},
+    j["blas"] = {{"gemm", blas.gemm}, {"library", blas.library}, {"corename", blas.corename}, {"threading", blas.threading},
                  {"generic_fallback", blas.generic_fallback}};
     j["shape"] = {{"B", o.batch}, {"H", o.heads}, {"D", o.dim}};
     j["gemm_ceiling_gflops"] = ceiling;

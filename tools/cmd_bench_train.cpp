@@ -142,9 +142,9 @@ int run_bench_train(const TrainBenchOptions& o) {
     return 0;
   }
   const BlasInfo bi = blas_info();
-  std::printf("qkv bench train: %s, %lld parameters, batch %lld x %lld tokens, %d threads, BLAS %s (%s)\n",
+  std::printf("qkv bench train: %s, %lld parameters, batch %lld x %lld tokens, %d threads, GEMM %s\n",
               name.c_str(), static_cast<long long>(model.num_parameters()), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), num_threads(), bi.corename.c_str(), bi.threading.c_str());
+              static_cast<long long>(o.seq), num_threads(), bi.gemm.c_str());
   std::printf("  step (fwd + bwd + AdamW): mean %.3f s, best %.3f s over %d steps (after %d warmup)\n", per_step, best,
               o.steps, o.warmup);
   std::printf("  throughput: %.1f tokens/s%s\n", tokens / per_step, encdec ? " (target tokens; as many source tokens)" : "");

@@ -1,4 +1,4 @@
-// qkv/gemm.h: matrix multiplication through the BLAS (Debian's OpenBLAS, OpenMP build).
+// qkv/gemm.h: matrix multiplication through oneDNN (matrices) and OpenBLAS (a single row).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -10,7 +10,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 struct BlasInfo {
-  std::string library;   // "OpenBLAS 0.3.21 ..."
+  std::string gemm;      // the library behind sgemm for more than one row, e.g. "oneDNN 2.6.3"
+  std::string library;   // "OpenBLAS 0.3.21 ..." (single-row products)
   std::string corename;  // the kernel OpenBLAS picked, e.g. "Haswell", "SkylakeX", "Prescott"
   std::string threading; // "openmp", "pthreads" or "sequential"
   bool generic_fallback; // true when the picked kernel is far below what this CPU supports
