@@ -1,6 +1,8 @@
-// The BLAS wrapper: results, and the check for OpenBLAS's generic-kernel fallback.
+// The GEMM wrapper (oneDNN for matrices, OpenBLAS for single rows): results, and the check for OpenBLAS's generic-kernel fallback.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -36,6 +38,31 @@ TEST(Gemm, MatchesNaiveProductWithTransposes) {
       for (int64_t i = 0; i < M * N; ++i) ASSERT_NEAR(C[i], want[i], 1e-4) << ta << tb << " at " << i;
       std::fill(C.begin(), C.end(), 1.0f);
     }
+  }
+}
+
+TEST(Gemm, BetaZeroIgnoresWhatCHeldAndLdcIsRespected) {
+  // Outputs are allocated uninitialised and written with beta = 0: whatever C held (NaN here)
+  // must not reach the result, as in the BLAS. C is a window of a wider array (ldc > N): the
+  // columns outside it stay untouched. Both paths: a matrix (oneDNN) and one row (OpenBLAS).
+  for (const int64_t M : {int64_t{37}, int64_t{1}}) {
+    SCOPED_TRACE(M);
+    const int64_t N = 29, K = 41, ldc = N + 3;
+    std::vector<float> A(M * K), B(K * N);
+    for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(i % 7) - 3.0f;
+    for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<float>(i % 5) - 2.0f;
+    std::vector<float> C(M * ldc, std::numeric_limits<float>::quiet_NaN());
+    sgemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, C.data(), ldc);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < ldc; ++j) {
+        if (j >= N) {
+          EXPECT_TRUE(std::isnan(C[i * ldc + j])) << "wrote outside C at " << i << "," << j;
+          continue;
+        }
+        double want = 0;  // small integers: exact in float
+        for (int64_t k = 0; k < K; ++k) want += static_cast<double>(A[i * K + k]) * B[k * N + j];
+        ASSERT_EQ(C[i * ldc + j], static_cast<float>(want)) << i << "," << j;
+      }
   }
 }
 
