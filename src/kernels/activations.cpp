@@ -108,32 +108,39 @@ inline vd4 clamp_x(vd4 v) {
   return v > splat(1e4) ? splat(1e4) : v;
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void gelu_tanh_forward_block(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
-    const vd4 vc = clamp_x(v);
-    const vd4 u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
-    const vd4 s = 1.0 / (1.0 + exp_clamped(-2.0 * u));
-    store4(y + i, v * s, k);
-  }
+// s = sigmoid(2u) and e = exp(-2u) for x clamped as above (vc).
+struct GeluTanhParts {
+  vd4 s, e;
+};
+inline GeluTanhParts gelu_tanh_parts(vd4 vc) {
+  const vd4 u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
+  const vd4 e = exp_clamped(-2.0 * u);
+  return {1.0 / (1.0 + e), e};
 }
 
 // d/dx [x sigmoid(2u)] = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2), with
 // 1 - s = s e, e = exp(-2u) (no cancellation). Where s saturates, s (1 - s) is ~1e-304 and the
 // second term vanishes in the rounding to float.
+inline vd4 gelu_tanh_grad(vd4 vc, GeluTanhParts p) {
+  const vd4 du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * vc * vc);
+  return p.s + 2.0 * vc * (p.s * p.s * p.e) * du;
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+void gelu_tanh_forward_block(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 4) {
+    const int64_t k = std::min<int64_t>(4, n - i);
+    const vd4 v = load4(x + i, k);
+    store4(y + i, v * gelu_tanh_parts(clamp_x(v)).s, k);
+  }
+}
+
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void gelu_tanh_backward_block(const float* x, const float* dy, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; i += 4) {
     const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = clamp_x(load4(x + i, k));
-    const vd4 g = load4(dy + i, k);
-    const vd4 u = kSqrt2OverPi * (v + kGeluCubic * v * v * v);
-    const vd4 e = exp_clamped(-2.0 * u);
-    const vd4 s = 1.0 / (1.0 + e);
-    const vd4 du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * v * v);
-    store4(dx + i, g * (s + 2.0 * v * (s * s * e) * du), k);
+    const vd4 vc = clamp_x(load4(x + i, k));
+    store4(dx + i, load4(dy + i, k) * gelu_tanh_grad(vc, gelu_tanh_parts(vc)), k);
   }
 }
 
@@ -145,12 +152,9 @@ void gelu_tanh_forward_grad_block(const float* x, float* y, float* dydx, int64_t
     const int64_t k = std::min<int64_t>(4, n - i);
     const vd4 v = load4(x + i, k);
     const vd4 vc = clamp_x(v);
-    const vd4 u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
-    const vd4 e = exp_clamped(-2.0 * u);
-    const vd4 s = 1.0 / (1.0 + e);
-    const vd4 du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * vc * vc);
-    store4(y + i, v * s, k);
-    store4(dydx + i, s + 2.0 * vc * (s * s * e) * du, k);
+    const GeluTanhParts p = gelu_tanh_parts(vc);
+    store4(y + i, v * p.s, k);
+    store4(dydx + i, gelu_tanh_grad(vc, p), k);
   }
 }
 
