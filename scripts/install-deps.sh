@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libopenblas-openmp-dev      # single-row products (OpenMP build: shares qkv's thread pool)
   libdnnl-dev                 # GEMM: oneDNN (OpenMP runtime)
+  ocl-icd-opencl-dev          # oneDNN's CMake package requires OpenCL (only a Recommends of libdnnl-dev)
   libgtest-dev                # tests
   libcli11-dev                # command line
   nlohmann-json3-dev          # config.json, safetensors headers, --json output
