@@ -3,7 +3,9 @@
 // translation, language-model and classification tasks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cmath>
 #include <sstream>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "error_testing.h"
 #include "file_testing.h"
+#include "qkv/data.h"
 #include "qkv/safetensors.h"
 #include "qkv/task.h"
 
@@ -210,6 +213,150 @@ TEST(Task, StopFlagCheckpointsAndReturns) {
   Trainer t2(again, train_config());
   t2.load_checkpoint(dir / "checkpoint.safetensors");
   EXPECT_EQ(t2.steps_done(), 3);
+}
+
+// The number of batches of each epoch's plan, as run_training plans them.
+std::vector<int64_t> plan_sizes(Task task, const std::vector<Example>& ex, const LoopConfig& lc, int epochs) {
+  std::vector<int64_t> lengths;
+  for (const Example& e : ex) lengths.push_back(std::max<int64_t>(1, example_length(task, e)));
+  std::vector<int64_t> sizes;
+  for (int e = 0; e < epochs; ++e)
+    sizes.push_back(static_cast<int64_t>(
+        batch_by_length(lengths, lc.max_tokens, lc.seed + 7919 * static_cast<uint64_t>(e), true).batches.size()));
+  return sizes;
+}
+
+// Epoch plans under a token budget differ in length from epoch to epoch (a shorter second epoch
+// once read past the end of its plan: a crash at the first epoch boundary). Every epoch runs its
+// own plan to its end, validates there, the progress fraction climbs to 1, and a run stopped in
+// the middle of a later epoch resumes bit for bit.
+TEST(Task, EpochsWhosePlansDifferInLengthTrainResumeAndReportProgress) {
+  const Task task = Task::Translate;
+  const std::vector<Example> train = make_examples(task, 400, 21), valid = make_examples(task, 8, 22);
+  LoopConfig lc = loop(0);
+  lc.max_epochs = 2;
+  lc.eval_every = 0;   // at the end of every epoch
+  lc.max_tokens = 12;  // more than one pool of 100 batches: the pools, and so the batch count, differ by epoch
+  std::vector<int64_t> sizes;
+  for (lc.seed = 11; lc.seed < 300; ++lc.seed) {
+    sizes = plan_sizes(task, train, lc, 2);
+    if (sizes[1] < sizes[0]) break;  // a shorter epoch right after the first
+  }
+  ASSERT_LT(sizes[1], sizes[0]) << "no seed gives plans of different lengths: the test would test nothing";
+  const int64_t total = sizes[0] + sizes[1];
+
+  TempDir straight("epochs_a"), split("epochs_b");
+  std::vector<double> fractions;
+  std::vector<int64_t> epoch_of_step;
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    const LoopResult r = run_training(t, task, train, valid, straight.path().string(), lc, false,
+                                      [&](const LoopProgress& p) {
+                                        fractions.push_back(p.fraction);
+                                        epoch_of_step.push_back(p.epoch);
+                                      });
+    EXPECT_EQ(r.epochs_done, 2);
+    EXPECT_EQ(r.steps, total) << "every epoch runs all of its own plan";
+  }
+  ASSERT_EQ(static_cast<int64_t>(fractions.size()), total);
+  for (size_t i = 1; i < fractions.size(); ++i) EXPECT_GE(fractions[i], fractions[i - 1]) << "at step " << i + 1;
+  EXPECT_GT(fractions.front(), 0.0);
+  EXPECT_DOUBLE_EQ(fractions.back(), 1.0);
+  // the steps of epoch e are exactly its plan's batches
+  for (int e = 0; e < 2; ++e)
+    EXPECT_EQ(std::count(epoch_of_step.begin(), epoch_of_step.end(), e), sizes[static_cast<size_t>(e)]) << "epoch " << e;
+  // one validation at the end of each epoch
+  int64_t validations = 0;
+  {
+    std::istringstream in(read_bytes(straight / "metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) validations += line.find("\"valid_loss\"") != std::string::npos;
+  }
+  EXPECT_EQ(validations, 2);
+
+  // stopped 3 steps into the shorter second epoch, then resumed to the end
+  std::atomic<bool> stop{false};
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    LoopConfig first = lc;
+    first.stop = &stop;
+    int64_t calls = 0;
+    const LoopResult r = run_training(t, task, train, valid, split.path().string(), first, false,
+                                      [&](const LoopProgress&) {
+                                        if (++calls == sizes[0] + 3) stop = true;
+                                      });
+    EXPECT_TRUE(r.interrupted);
+    EXPECT_EQ(r.steps, sizes[0] + 3);
+  }
+  {
+    Model m(config_for(task));
+    m.init(7);
+    Trainer t(m, TrainConfig{});
+    std::vector<double> resumed;
+    double start = -1;
+    const LoopResult r = run_training(t, task, train, valid, split.path().string(), lc, true,
+                                      [&](const LoopProgress& p) {
+                                        resumed.push_back(p.fraction);
+                                        start = p.start_fraction;
+                                        EXPECT_FALSE(std::isnan(p.valid_loss)) << "the checkpoint's validation loss is known";
+                                      });
+    EXPECT_EQ(r.steps, total);
+    EXPECT_EQ(r.epochs_done, 2);
+    ASSERT_EQ(static_cast<int64_t>(resumed.size()), sizes[1] - 3);
+    EXPECT_NEAR(start, (1.0 + 3.0 / static_cast<double>(sizes[1])) / 2.0, 1e-12) << "where the resumed session began";
+    EXPECT_DOUBLE_EQ(resumed.back(), 1.0);
+  }
+  EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"))
+      << "the resumed run differs from the straight one";
+}
+
+// Everything read back from a checkpoint is input: the data position and the moments included.
+TEST(Task, ResumeRejectsACheckpointThatCannotBeTrue) {
+  const Task task = Task::Classify;
+  const std::vector<Example> train = make_examples(task, 30, 3);
+  TempDir dir("resume_bad");
+  const std::string ckpt = dir / "checkpoint.safetensors";
+  Model m(config_for(task));
+  m.init(1);
+  Trainer t(m, train_config());
+  auto resume_error = [&](const std::string& state) {
+    t.save_checkpoint(ckpt, state);
+    Model again(config_for(task));
+    Trainer t2(again, train_config());
+    return error_of([&] { run_training(t2, task, train, {}, dir.path().string(), loop(50), true); });
+  };
+  EXPECT_NE(resume_error(R"({"epoch": 0, "batch": -3})").find("out of range"), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": -1, "batch": 0})").find("out of range"), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": 18446744073709551615, "batch": 0})").find("out of range"), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": 0, "batch": 100000})").find("beyond that epoch's"), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": 0, "batch": 0, "best": -1})").find("\"best\""), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": 0, "batch": 0, "last_valid": "x"})").find("\"last_valid\""), std::string::npos);
+  EXPECT_NE(resume_error(R"({"epoch": 0.5, "batch": 0})").find("no data position"), std::string::npos);
+
+  // AdamW's second moment must be >= 0 and both moments finite
+  t.save_checkpoint(ckpt, R"({"epoch": 0, "batch": 0})");
+  auto with_moment = [&](const std::string& prefix, float value) {
+    SafetensorsFile f = read_safetensors(ckpt);
+    for (auto& [name, tensor] : f.tensors)
+      if (name.rfind(prefix, 0) == 0) {
+        tensor = tensor.clone();
+        tensor.data<float>()[0] = value;
+        break;
+      }
+    const std::string bad = dir / "bad.safetensors";
+    write_safetensors(bad, f.tensors, f.metadata);
+    Model again(config_for(task));
+    Trainer t2(again, train_config());
+    return error_of([&] { t2.load_checkpoint(bad); });
+  };
+  EXPECT_NE(with_moment("adam_v.", -1.0f).find("second moment >= 0"), std::string::npos);
+  EXPECT_NE(with_moment("adam_v.", std::nanf("")).find("second moment >= 0"), std::string::npos);
+  EXPECT_NE(with_moment("adam_m.", std::numeric_limits<float>::infinity()).find("finite first moment"),
+            std::string::npos);
 }
 
 TEST(Task, ErrorsNameTheProblem) {

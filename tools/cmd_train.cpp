@@ -9,9 +9,7 @@
 // and the held-out test split (test.tsv or test.txt) for `qkv eval`.
 #include <sys/stat.h>
 
-#include <atomic>
 #include <cerrno>
-#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +19,7 @@
 #include <set>
 
 #include "commands.h"
+#include "io/json_strict.h"
 #include "qkv/qkv.h"
 #include "qkv/task.h"
 #include "qkv/tokenizer.h"
@@ -31,9 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-std::atomic<bool> g_stop{false};
-extern "C" void on_sigint(int) { g_stop.store(true); }
 
 struct Options {
   std::string task = "translate", data, source, target, out, preset = "tiny", config, tokenizer, spm_type = "unigram";
@@ -107,6 +103,24 @@ void make_dir(const std::string& dir) {
   check(!ec && fs::is_directory(dir), "--out ", dir, ": cannot create the directory", ec ? ": " + ec.message() : "");
 }
 
+// What identifies a data file: its size and a 64-bit FNV-1a hash of its bytes. A resumed run
+// needs the very same data (the split and the batches are functions of it).
+json file_identity(const std::string& path) {
+  const std::string bytes = read_file(path, "data file");
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return {{"path", path}, {"bytes", bytes.size()}, {"fnv1a64", hex}};
+}
+
+json data_identity(const Options& o) {
+  json files = json::array();
+  for (const std::string* p : {&o.data, &o.source, &o.target})
+    if (!p->empty()) files.push_back(file_identity(*p));
+  return files;
+}
+
 json options_json(const Options& o) {
   return {{"task", o.task},         {"data", o.data},         {"source", o.source},
           {"target", o.target},     {"preset", o.preset},     {"config", o.config},
@@ -114,52 +128,156 @@ json options_json(const Options& o) {
           {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
           {"test_fraction", o.test_fraction}, {"seed", o.seed}, {"lr", o.lr},
           {"warmup", o.warmup},     {"dropout", o.dropout},   {"label_smoothing", o.label_smoothing},
-          {"eval_every", o.eval_every}};
+          {"eval_every", o.eval_every}, {"data_files", data_identity(o)}};
+}
+
+// The run's data options from DIR/train.json, each checked for its type and range: the file is
+// input like any other.
+void read_train_json(const std::string& path, Options& o) {
+  const json j = detail::parse_json_object(read_file(path, "train.json"), path);
+  auto field = [&](const char* key) -> const json* {
+    const auto it = j.find(key);
+    return it == j.end() ? nullptr : &*it;
+  };
+  auto text = [&](const char* key, std::string& dst) {
+    if (const json* v = field(key)) {
+      check(v->is_string(), path, ": \"", key, "\" must be a string, got ", v->dump());
+      dst = v->get<std::string>();
+    }
+  };
+  auto integer = [&](const char* key, int64_t& dst, int64_t lo, int64_t hi) {
+    if (const json* v = field(key)) {
+      check(v->is_number_integer() && v->get<int64_t>() >= lo && v->get<int64_t>() <= hi &&
+                !(v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)),
+            path, ": \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ", v->dump());
+      dst = v->get<int64_t>();
+    }
+  };
+  auto fraction = [&](const char* key, double& dst) {
+    if (const json* v = field(key)) {
+      check(v->is_number() && std::isfinite(v->get<double>()) && v->get<double>() >= 0 && v->get<double>() <= 0.5,
+            path, ": \"", key, "\" must be a number in [0, 0.5], got ", v->dump());
+      dst = v->get<double>();
+    }
+  };
+  text("task", o.task);
+  text("data", o.data);
+  text("source", o.source);
+  text("target", o.target);
+  text("preset", o.preset);
+  integer("max_tokens", o.max_tokens, 0, 1 << 24);
+  integer("max_len", o.max_len, 0, 1 << 20);
+  fraction("valid_fraction", o.valid_fraction);
+  fraction("test_fraction", o.test_fraction);
+  integer("eval_every", o.eval_every, 0, 1 << 30);
+  if (const json* v = field("seed")) {
+    check(v->is_number_unsigned(), path, ": \"seed\" must be an integer in [0, 2^64), got ", v->dump());
+    o.seed = v->get<uint64_t>();
+  }
+  // The data must be what the run started with, or the split and the batches would differ.
+  if (const json* files = field("data_files")) {
+    check(files->is_array(), path, ": \"data_files\" must be an array, got ", files->dump());
+    for (const json& f : *files) {
+      check(f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("bytes") &&
+                f["bytes"].is_number_unsigned() && f.contains("fnv1a64") && f["fnv1a64"].is_string(),
+            path, ": \"data_files\" entries must be {\"path\", \"bytes\", \"fnv1a64\"}, got ", f.dump());
+      const std::string file = f["path"].get<std::string>();
+      const json now = file_identity(file);
+      check(now["bytes"] == f["bytes"] && now["fnv1a64"] == f["fnv1a64"], "--resume: ", file,
+            " has changed since the run started (", f["bytes"].get<uint64_t>(), " bytes, FNV-1a ",
+            f["fnv1a64"].get<std::string>(), "; now ", now["bytes"].get<uint64_t>(), " bytes, ",
+            now["fnv1a64"].get<std::string>(), "): the split and the batches would differ. Restore the file, "
+            "or start a new run with another --out");
+    }
+  } else {
+    std::fprintf(stderr, "qkv train: note: %s records no data identity (written by an older qkv); the data "
+                 "cannot be checked for changes\n", path.c_str());
+  }
+  check(o.task == "translate" || o.task == "lm" || o.task == "classify", path, ": \"task\" is \"", o.task,
+        "\"; expected translate, lm or classify");
+}
+
+// Removes a model directory this run created if setup fails before the first checkpoint, so
+// that no half-made directory is left behind.
+struct NewDirGuard {
+  std::string dir, checkpoint;
+  bool armed = false;
+  ~NewDirGuard() {
+    std::error_code ec;
+    if (armed && !fs::exists(checkpoint, ec)) fs::remove_all(dir, ec);
+  }
+};
+
+// The learned position table must hold every position training will use.
+void check_positions(const ModelConfig& c, int64_t max_len, const std::string& where) {
+  check(c.positional != Positional::Learned || c.max_len >= max_len, where, ": max_len ", c.max_len,
+        " (the learned position table) is below --max-len ", max_len, ": give --max-len ", c.max_len,
+        " or less, or a config with max_len >= ", max_len);
+}
+
+// SentencePiece's own failures, told in qkv's terms.
+std::unique_ptr<Tokenizer> train_tokenizer(const RawData& train_raw, const SentencePieceTrainOptions& so) {
+  try {
+    return train_sentencepiece(all_texts(train_raw), so);
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    const size_t at = what.find("smaller than required_chars. ");
+    if (at != std::string::npos) {
+      long long vocab = 0, chars = 0;
+      if (std::sscanf(what.c_str() + at + 29, "%lld vs %lld", &vocab, &chars) == 2)
+        fail("--vocab ", so.vocab_size, " is too small for ", train_raw.describe(), ": its characters alone need ",
+             chars, " pieces; give --vocab ", chars + 1, " or more (or --tokenizer byte)");
+    }
+    throw;
+  }
 }
 
 int run(Options o) {
-  make_dir(o.out);
+  // From here on SIGINT / SIGTERM only ask to stop: before training, at the next milestone of the
+  // setup (nothing written); during training, at the next step (a checkpoint is saved). They are
+  // taken by qkv's signal thread, never by a handler on a computing thread (qkv/signals.h).
+  const StopRequest stop;
+  auto stop_requested = [&] {
+    if (!stop.requested()) return false;
+    std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
+    return true;
+  };
   const std::string ckpt = o.out + "/checkpoint.safetensors";
+  check(o.data.empty() || (o.source.empty() && o.target.empty()),
+        "give either --data FILE or --source and --target files, not both");
+  check(o.source.empty() == o.target.empty(), "--source and --target go together (aligned files, one sentence per line)");
+  std::error_code ec;
   if (o.resume) {
     check(fs::exists(ckpt), "--resume: ", ckpt, " not found (nothing to resume in ", o.out, ")");
+    check(o.data.empty() && o.source.empty(), "--resume continues with the data the run started with (",
+          o.out, "/train.json); --data, --source and --target are not taken");
     // The run's data options come from train.json, so `qkv train --out DIR --resume` is enough.
-    const std::string path = o.out + "/train.json";
-    json j;
-    try {
-      j = json::parse(read_file(path, "train.json"));
-    } catch (const json::exception& e) {
-      throw Error(path + ": not valid JSON: " + e.what());
-    }
     const Options given = o;
-    o.task = j.value("task", o.task);
-    o.data = j.value("data", o.data);
-    o.source = j.value("source", o.source);
-    o.target = j.value("target", o.target);
-    o.preset = j.value("preset", o.preset);
-    o.max_tokens = j.value("max_tokens", o.max_tokens);
-    o.max_len = j.value("max_len", o.max_len);
-    o.valid_fraction = j.value("valid_fraction", o.valid_fraction);
-    o.test_fraction = j.value("test_fraction", o.test_fraction);
-    o.seed = j.value("seed", o.seed);
-    o.eval_every = j.value("eval_every", o.eval_every);
+    read_train_json(o.out + "/train.json", o);
     check(!given.task_given || given.task == o.task, "--resume: ", o.out, " was trained for --task ", o.task);
   } else {
     check(!fs::exists(ckpt), "--out ", o.out, " already holds a training run (", ckpt,
           "); use --resume to continue it, or another --out");
+    check(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "--out ", o.out,
+          ": exists and is not a directory");
   }
   const Task task = parse_task(o.task);
   const Preset p = preset_of(o.preset, task);
   if (o.max_tokens <= 0) o.max_tokens = p.max_tokens;
   if (o.max_len <= 0) o.max_len = p.max_len;
   check(o.steps > 0 || o.epochs > 0 || o.minutes > 0, "give a limit: --steps N, --epochs N or --minutes M");
+  // A config's learned position table is checked before any work.
+  if (!o.config.empty()) check_positions(ModelConfig::load(o.config), o.max_len, "--config " + o.config);
+  if (o.resume) check_positions(checkpoint_model_config(ckpt), o.max_len, ckpt);
 
   // data -> split
   const RawData all = read_task_data(task, o.data, o.source, o.target);
   std::fprintf(stderr, "qkv train: %s\n", all.report.summary(all.path).c_str());
   const SplitIndices split = split_indices(all.size(), o.valid_fraction, o.test_fraction, o.seed);
-  const RawData train_raw = subset(all, split.train), valid_raw = subset(all, split.valid),
-                test_raw = subset(all, split.test);
-  if (!o.resume) write_task_data(task, test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
+  RawData train_raw = subset(all, split.train), valid_raw = subset(all, split.valid), test_raw = subset(all, split.test);
+  train_raw.part = "training split";
+  valid_raw.part = "validation split";
+  test_raw.part = "test split";
 
   // tokenizer: given, saved by an earlier run, or trained now on the training split
   std::unique_ptr<Tokenizer> tok;
@@ -182,9 +300,14 @@ int run(Options o) {
     so.threads = std::max(1, num_threads());
     std::fprintf(stderr, "qkv train: training a SentencePiece %s vocabulary of %lld on the training split...\n",
                  so.model_type.c_str(), static_cast<long long>(so.vocab_size));
-    tok = train_sentencepiece(all_texts(train_raw), so);
+    tok = train_tokenizer(train_raw, so);
+    if (tok->vocab_size() < so.vocab_size)
+      std::fprintf(stderr, "qkv train: note: the training split supports only %lld SentencePiece pieces, not the "
+                   "%lld asked for: the vocabulary has %lld\n", static_cast<long long>(tok->vocab_size()),
+                   static_cast<long long>(so.vocab_size), static_cast<long long>(tok->vocab_size()));
   }
-  if (!o.resume) tok->save(o.out);
+
+  if (stop_requested()) return 130;
 
   // labels (classify): the training split's, sorted
   std::vector<std::string> labels;
@@ -195,22 +318,47 @@ int run(Options o) {
       std::set<std::string> s;
       for (const auto& l : train_raw.labeled) s.insert(l.label);
       labels.assign(s.begin(), s.end());
-      check(labels.size() >= 2, all.path, ": classification needs at least 2 labels in the training split, got ",
-            labels.size());
+      check(labels.size() >= 2, train_raw.describe(), ": classification needs at least 2 labels, got ", labels.size());
     }
   }
-  const Encoded train = encode_task(task, train_raw, *tok, o.max_len, labels);
-  const Encoded valid = encode_task(task, valid_raw, *tok, o.max_len, labels);
-  check(!train.examples.empty(), "no training examples left (all longer than --max-len ", o.max_len, "?)");
+  Encoded train = encode_task(task, train_raw, *tok, o.max_len, labels);
+  check(!train.examples.empty(), train_raw.describe(), ": no training examples left (all longer than --max-len ",
+        o.max_len, "?)");
+  if (!train.note.empty()) std::fprintf(stderr, "qkv train: note: %s\n", train.note.c_str());
+  // A language model trains on windows of one length: a short text shrinks --max-len to its window.
+  if (task == Task::LanguageModel && train.window < o.max_len) o.max_len = train.window;
+  // The validation split: records whose labels the training split lacks are left out; a split
+  // too small for one window is one shorter window, or none.
+  Encoded valid;
+  if (valid_raw.size() > 0) {
+    try {
+      valid = encode_task(task, valid_raw, *tok, o.max_len, labels, /*skip_unknown_labels=*/true);
+    } catch (const Error& e) {
+      if (task != Task::LanguageModel) throw;
+      std::fprintf(stderr, "qkv train: note: %s; training without validation\n", e.what());
+    }
+    if (!valid.note.empty()) std::fprintf(stderr, "qkv train: note: %s\n", valid.note.c_str());
+    if (valid.unknown_labels > 0)
+      std::fprintf(stderr, "qkv train: note: %lld validation records have labels the training split lacks; left out\n",
+                   static_cast<long long>(valid.unknown_labels));
+  }
   int64_t train_tokens = 0;
   for (const Example& e : train.examples) train_tokens += example_length(task, e);
+  const size_t n_test = test_raw.pairs.size() + test_raw.labeled.size() + test_raw.lines.size();
   std::fprintf(stderr, "qkv train: %zu training examples (%lld tokens), %zu validation, %zu test%s\n",
-               train.examples.size(), static_cast<long long>(train_tokens), valid.examples.size(), test_raw.pairs.size() + test_raw.labeled.size() + test_raw.lines.size(),
+               train.examples.size(), static_cast<long long>(train_tokens), valid.examples.size(), n_test,
                train.dropped ? (", " + std::to_string(train.dropped) + " training pairs over --max-len dropped").c_str() : "");
+  if (valid.examples.empty())
+    std::fprintf(stderr, "qkv train: note: no validation split: the model directory keeps the last weights\n");
 
   // model and trainer
-  const ModelConfig cfg = o.resume ? checkpoint_model_config(ckpt)
-                                   : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
+  ModelConfig cfg = o.resume ? checkpoint_model_config(ckpt)
+                             : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
+  check_positions(cfg, o.max_len, o.config.empty() ? "--preset " + o.preset : "--config " + o.config);
+  check(!o.resume || tok->vocab_size() == cfg.vocab_size, o.out, "/tokenizer.json: the tokenizer's vocabulary (",
+        tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
+  check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
+        labels.size(), " labels, but the model has ", cfg.num_classes, " classes");
   Model model(cfg);
   model.init(o.seed);
   TrainConfig tc;
@@ -226,7 +374,20 @@ int run(Options o) {
   tc.schedule.warmup = o.warmup >= 0 ? o.warmup : p.warmup;
   tc.schedule.lr = o.lr > 0 ? o.lr : 1.0;
   Trainer trainer(model, tc);
+
+  if (stop_requested()) return 130;
+
+  // Everything checked: only now is the model directory made and written.
+  NewDirGuard guard{o.out, ckpt};
   if (!o.resume) {
+    guard.armed = !fs::exists(o.out, ec);
+    make_dir(o.out);
+    if (n_test > 0) {
+      write_task_data(task, test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
+    } else {
+      std::fprintf(stderr, "qkv train: note: no test split (--test-fraction 0): qkv eval will need --data FILE\n");
+    }
+    tok->save(o.out);
     TaskInfo info;
     info.task = task;
     info.labels = labels;
@@ -234,6 +395,9 @@ int run(Options o) {
     info.save(o.out);
     write_file_atomic(o.out + "/train.json", options_json(o).dump(2) + "\n");
   }
+  if (const int64_t stale = remove_stale_temp_files(o.out); stale > 0)
+    std::fprintf(stderr, "qkv train: removed %lld temporary file(s) left in %s by a killed run\n",
+                 static_cast<long long>(stale), o.out.c_str());
   std::fprintf(stderr, "qkv train: %s model, %lld parameters, %d threads -> %s\n", arch_name(cfg.arch),
                static_cast<long long>(model.num_parameters()), num_threads(), o.out.c_str());
 
@@ -244,29 +408,33 @@ int run(Options o) {
   lc.max_tokens = o.max_tokens;
   lc.eval_every = o.eval_every;
   lc.seed = o.seed;
-  lc.stop = &g_stop;
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
+  lc.stop = &stop.flag();
   Progress bar;
-  double valid_loss = std::nan("");
+  bool started = false;
   const LoopResult r = run_training(trainer, task, train.examples, valid.examples, o.out, lc, o.resume,
                                     [&](const LoopProgress& lp) {
-                                      if (lp.evaluated) valid_loss = lp.valid_loss;
+                                      if (!started) bar.start_at(lp.start_fraction), started = true;
+                                      char valid_text[32] = "-";
+                                      if (std::isfinite(lp.valid_loss))
+                                        std::snprintf(valid_text, sizeof valid_text, "%.3f", lp.valid_loss);
                                       char s[200];
-                                      std::snprintf(s, sizeof s, "step %lld ep %lld loss %.3f valid %.3f lr %.2e %.0f tok/s",
+                                      std::snprintf(s, sizeof s, "step %lld ep %lld loss %.3f valid %s lr %.2e %.0f tok/s",
                                                     static_cast<long long>(lp.step), static_cast<long long>(lp.epoch),
-                                                    lp.loss, valid_loss, lp.lr, lp.tokens_per_s);
+                                                    lp.loss, valid_text, lp.lr, lp.tokens_per_s);
                                       bar.update(lp.fraction, s);
                                     });
   bar.finish();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   const bool ppl = task != Task::Classify;
-  std::printf("qkv train: %s %lld steps (%lld epochs) in %s; best validation loss %.4f%s%s; model in %s\n",
+  std::string best = valid.examples.empty() ? "no validation split" : "not validated yet";
+  if (std::isfinite(r.best_valid_loss)) {
+    char b[96];
+    std::snprintf(b, sizeof b, "best validation loss %.4f", r.best_valid_loss);
+    best = b;
+    if (ppl) best += " (perplexity " + format_perplexity(r.best_valid_loss) + ")";
+  }
+  std::printf("qkv train: %s %lld steps (%lld epochs) in %s; %s; model in %s\n",
               r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
-              static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), r.best_valid_loss,
-              ppl ? " (perplexity " : "", ppl ? (std::to_string(std::exp(r.best_valid_loss)).substr(0, 7) + ")").c_str() : "",
-              o.out.c_str());
+              static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), best.c_str(), o.out.c_str());
   if (r.interrupted) {
     std::fprintf(stderr, "qkv train: checkpoint saved; continue with: qkv train --out %s --resume [--steps/--epochs/--minutes]\n",
                  o.out.c_str());

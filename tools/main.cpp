@@ -33,6 +33,14 @@ void reexec_if_blas_fell_back(char** argv) {
 
 int main(int argc, char** argv) {
   reexec_if_blas_fell_back(argv);
+  // Before any thread exists: SIGINT and SIGTERM are never handled on a computing thread
+  // (qkv/signals.h says why).
+  try {
+    qkv::block_stop_signals();
+  } catch (const qkv::Error& e) {
+    std::cerr << "qkv: error: " << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{"qkv: the transformer, from the attention formula up, on the CPU"};
   app.require_subcommand(1);
   app.fallthrough();  // --threads also after the subcommand: qkv attend --threads 1

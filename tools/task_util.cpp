@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "qkv/error.h"
 #include "qkv/npy.h"
@@ -58,7 +59,7 @@ std::vector<std::string> all_texts(const RawData& d) {
 }
 
 Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t max_len,
-                    const std::vector<std::string>& labels) {
+                    const std::vector<std::string>& labels, bool skip_unknown_labels) {
   Encoded out;
   const int32_t eos = tok.eos_id();
   check(eos >= 0, "the tokenizer has no end-of-sequence token");
@@ -84,7 +85,12 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
         if (static_cast<int64_t>(e.src.size()) > max_len) e.src.resize(static_cast<size_t>(max_len));
         if (e.src.empty()) e.src.push_back(eos);
         const auto it = std::find(labels.begin(), labels.end(), l.label);
-        check(it != labels.end(), d.path, ": label '", l.label, "' is not one the model was trained on");
+        if (it == labels.end() && skip_unknown_labels) {
+          ++out.unknown_labels;
+          continue;
+        }
+        check(it != labels.end(), d.describe(), ": label '", l.label, "' is not one the model was trained on (",
+              labels.size(), " labels: see the model's task.json)");
         e.label = it - labels.begin();
         out.examples.push_back(std::move(e));
       }
@@ -96,9 +102,16 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
         stream.insert(stream.end(), ids.begin(), ids.end());
         stream.push_back(eos);
       }
-      check(static_cast<int64_t>(stream.size()) > max_len, d.path, ": ", stream.size(),
-            " tokens are fewer than one window of ", max_len + 1);
-      for (auto& w : pack_windows(stream, max_len)) {
+      const int64_t n = static_cast<int64_t>(stream.size());
+      check(n >= 2, d.describe(), ": ", n, " token(s); a language model needs at least 2");
+      out.window = max_len;
+      if (n <= max_len) {
+        // A text shorter than one window of max_len + 1 tokens is one shorter window.
+        out.window = n - 1;
+        out.note = detail::concat(d.describe(), ": ", n, " tokens, fewer than one window of ", max_len + 1,
+                                  " (--max-len ", max_len, " + 1): one window of ", n, " tokens instead");
+      }
+      for (auto& w : pack_windows(stream, out.window)) {
         Example e;
         e.src = std::move(w);
         out.examples.push_back(std::move(e));
@@ -142,6 +155,23 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+std::string format_perplexity(double loss) {
+  if (std::isnan(loss)) return "nan";
+  if (loss == std::numeric_limits<double>::infinity()) return "inf";
+  char buf[64];
+  if (loss < std::log(1e6)) {
+    std::snprintf(buf, sizeof buf, "%.2f", std::exp(loss));
+    return buf;
+  }
+  // exp(loss) = m * 10^e with e = floor(loss / ln 10), m = 10^(frac part)
+  const double l10 = loss / std::log(10.0), e = std::floor(l10);
+  double m = std::pow(10.0, l10 - e);
+  long long ex = static_cast<long long>(e);
+  if (m >= 9.99995) m /= 10, ++ex;  // keep "%.4f" below 10
+  std::snprintf(buf, sizeof buf, "%.4fe+%lld", m, ex);
+  return buf;
+}
+
 Progress::Progress(double every_s)
     : tty_(isatty(fileno(stderr)) != 0), every_s_(every_s), t0_(std::chrono::steady_clock::now()) {}
 
@@ -150,7 +180,9 @@ void Progress::update(double fraction, const std::string& status) {
   if (!tty_ && el - last_ < every_s_) return;
   last_ = el;
   std::string eta = "?";
-  if (fraction > 0.001 && fraction <= 1) eta = fmt_duration(el * (1 - fraction) / fraction);
+  // eta <- time so far * left / done in this session
+  const double done = fraction - start_fraction_;
+  if (done > 0.001 && fraction <= 1) eta = fmt_duration(el * (1 - fraction) / done);
   const int width = 24, filled = fraction < 0 ? 0 : static_cast<int>(std::lround(fraction * width));
   std::string line = "[";
   line.append(static_cast<size_t>(filled), '#').append(static_cast<size_t>(width - filled), '.').append("] ");

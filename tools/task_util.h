@@ -21,6 +21,9 @@ struct RawData {
   int64_t size() const;
   ReadReport report;
   std::string path;
+  std::string part;  // "training split", "validation split", ... ("" = the whole file)
+  // "FILE" or "FILE (validation split)": what a message about these records names.
+  std::string describe() const { return part.empty() ? path : path + " (" + part + ")"; }
 };
 // --data FILE (TSV for translate and classify, text for lm), or --source/--target files.
 RawData read_task_data(Task task, const std::string& data, const std::string& source, const std::string& target);
@@ -31,13 +34,17 @@ std::vector<std::string> all_texts(const RawData& d);
 
 struct Encoded {
   std::vector<Example> examples;
-  int64_t dropped = 0;  // translate: pairs longer than max_len tokens (skipped)
+  int64_t dropped = 0;         // translate: pairs longer than max_len tokens (skipped)
+  int64_t unknown_labels = 0;  // classify with skip_unknown_labels: records left out
+  int64_t window = 0;          // lm: the window used (max_len, or less for a short text)
+  std::string note;            // what was done differently from what was asked, for the user
 };
 // Token ids: translate src/tgt + eos (pairs over max_len dropped); lm: lines + eos packed into
-// windows of max_len + 1; classify: text truncated to max_len, label by index in `labels`
-// (an unknown label is an error naming it).
+// windows of max_len + 1 (a text shorter than that gives one window of all its tokens, and a
+// note); classify: text truncated to max_len, label by index in `labels` (an unknown label is an
+// error naming it, or with skip_unknown_labels the record is left out and counted).
 Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t max_len,
-                    const std::vector<std::string>& labels);
+                    const std::vector<std::string>& labels, bool skip_unknown_labels = false);
 
 // Writes records as the task's file format (TSV or text), atomically.
 void write_task_data(Task task, const RawData& d, const std::string& path);
@@ -45,16 +52,22 @@ void write_task_data(Task task, const RawData& d, const std::string& path);
 // "12m05s", "3.2s"
 std::string fmt_duration(double seconds);
 
+// exp(loss) for people: "12.34", or "1.0975e+230" when large, computed without overflow.
+std::string format_perplexity(double loss);
+
 // Progress on stderr: a redrawn bar on a terminal, else a line every `every_s` seconds.
 class Progress {
  public:
   explicit Progress(double every_s = 15);
+  // The fraction already done when this session began (a resumed run): the ETA is the time this
+  // session took for the part it did, scaled to what is left.
+  void start_at(double fraction) { start_fraction_ = fraction > 0 && fraction < 1 ? fraction : 0; }
   void update(double fraction, const std::string& status);
   void finish();
 
  private:
   bool tty_;
-  double every_s_, last_ = -1e9;
+  double every_s_, last_ = -1e9, start_fraction_ = 0;
   std::chrono::steady_clock::time_point t0_;
   bool drawn_ = false;
 };

@@ -4,6 +4,7 @@
 #pragma once
 #include <string>
 
+#include "qkv/files.h"  // read_file, write_file_atomic (for the files that include only this header)
 #include "qkv/tensor.h"
 
 namespace qkv {
@@ -12,12 +13,5 @@ Tensor read_npy(const std::string& path);
 Tensor parse_npy(const std::string& bytes, const std::string& name);  // `name` is used in errors
 void write_npy(const std::string& path, const Tensor& t);
 std::string to_npy_bytes(const Tensor& t);
-
-// Writes `bytes` to `path` through a temporary file in the same directory, fsync, then rename.
-void write_file_atomic(const std::string& path, const std::string& bytes);
-
-// The whole file. Errors name the path and `what` it should be ("tokenizer.json", ".npy file"):
-// cannot open, a directory (not a regular file), or a failed read.
-std::string read_file(const std::string& path, const std::string& what);
 
 }  // namespace qkv

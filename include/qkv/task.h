@@ -67,8 +67,9 @@ struct LoopProgress {
   double tokens_per_s = 0;     // target tokens (classify: input tokens) per second, since start or resume
   double elapsed_s = 0;
   double fraction = -1;        // of the run's limit, 0..1 (-1: no limit known)
+  double start_fraction = 0;   // ... already done when this session began (resume)
   bool evaluated = false;      // this step ended with validation
-  double valid_loss = 0;       // the latest validation loss (when evaluated)
+  double valid_loss = 0;       // the latest validation loss (NaN: none yet, in this run or the checkpoint)
   bool best = false;           // ... and it is the best so far (weights saved)
 };
 

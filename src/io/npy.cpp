@@ -2,20 +2,15 @@
 // the header dict, dtype, shape and data size are all checked before anything is allocated.
 #include "qkv/npy.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include "qkv/files.h"
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cctype>
 #include <cerrno>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <random>
 
 namespace qkv {
 
@@ -44,8 +39,6 @@ std::string printable(const std::string& s, size_t max_len = 80) {
   if (s.size() > max_len) out += "...";
   return out;
 }
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 // Throws qkv::Error(concat(args...)). Unlike check(), callers build the message only on failure.
 // ---------------------------------------------------------------------------------------------
@@ -374,105 +367,13 @@ Tensor parse_npy(const std::string& bytes, const std::string& name) {
   return t.permute(order).clone();
 }
 
-std::string read_file(const std::string& path, const std::string& what) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open ", what, ": ", errno_text(errno));
-  struct stat st {};
-  const bool have_stat = ::fstat(fd, &st) == 0;
-  if (have_stat && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    fail(path, ": ", what, " is a directory, not a regular file");
-  }
-  std::string bytes;
-  if (have_stat && S_ISREG(st.st_mode)) bytes.reserve(static_cast<size_t>(st.st_size));
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, ": cannot read ", what, ": ", errno_text(err));
-    }
-    if (got == 0) break;
-    bytes.append(buf, static_cast<size_t>(got));
-  }
-  ::close(fd);
-  return bytes;
-}
-
 Tensor read_npy(const std::string& path) { return parse_npy(read_file(path, ".npy file"), path); }
 
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-namespace {
-
-// Bits for temporary file names: the random device when it works, mixed with the clock and a counter.
-uint64_t random_bits() {
-  static std::atomic<uint64_t> counter{0};
-  uint64_t r = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-               (counter.fetch_add(1) + 1) * 0x9e3779b97f4a7c15ull;
-  try {
-    std::random_device rd;
-    r ^= (static_cast<uint64_t>(rd()) << 32) | rd();
-  } catch (const std::exception&) {
-    // No entropy source: the clock and the counter still differ between calls.
-  }
-  return r;
-}
-
-}  // namespace
-
 std::string to_npy_bytes(const Tensor& t) { return npy_bytes(t, "to_npy_bytes"); }
 
 void write_npy(const std::string& path, const Tensor& t) { write_file_atomic(path, npy_bytes(t, path)); }
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  // A temporary name no other writer uses: path + ".tmp.<pid>.<random>", created exclusively.
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    char suffix[64];
-    std::snprintf(suffix, sizeof suffix, ".tmp.%ld.%016llx", static_cast<long>(::getpid()),
-                  static_cast<unsigned long long>(random_bits()));
-    tmp = path + suffix;
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && (errno != EEXIST || attempt == 10))
-      fail(path, ": cannot write: cannot create temporary file ", tmp, ": ", errno_text(errno));
-  }
-  // From here on, any failure removes the temporary file; the target is untouched until rename.
-  auto abandon = [&](const char* step, int err) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw Error(detail::concat(path, ": cannot write: ", step, " failed: ", errno_text(err)));
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) abandon("write", errno);
-    done += static_cast<size_t>(put);
-  }
-  if (::fsync(fd) != 0) abandon("fsync", errno);
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(detail::concat(path, ": cannot write: close failed: ", errno_text(err)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(detail::concat(path, ": cannot write: rename from ", tmp, " failed: ", errno_text(err)));
-  }
-  // Make the rename itself durable; a directory that cannot be synced is not an error.
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
 
 }  // namespace qkv

@@ -18,7 +18,7 @@
 #include <set>
 #include <string_view>
 
-#include "qkv/npy.h"  // write_file_atomic
+#include "qkv/files.h"
 
 namespace qkv {
 
@@ -424,8 +424,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& n
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, ": cannot open .safetensors file: ", std::strerror(errno));
+  const int fd = open_regular_file(path, ".safetensors file");  // never waits on a FIFO
   const FdCloser closer{fd};
   const uint64_t size = file_size(fd, path);
   char first[8] = {};

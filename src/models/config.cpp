@@ -7,6 +7,7 @@
 #include <string>
 
 #include "qkv/error.h"
+#include "qkv/files.h"
 #include "qkv/model.h"
 
 namespace qkv {
@@ -211,12 +212,7 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
 }
 
 ModelConfig ModelConfig::load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  check(static_cast<bool>(f), path, ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  check(!f.bad(), path, ": read error");
-  const std::string text = ss.str();
+  const std::string text = read_file(path, "config.json");
   check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a config file");
   return from_json(text, path);
 }

@@ -86,6 +86,9 @@ LineReader::LineReader(const std::string& path) : path_(path) {
   const fs::file_status st = fs::status(path, ec);
   check(st.type() != fs::file_type::not_found, path, ": no such file");  // other status errors: open() says
   check(!fs::is_directory(st), path, ": is a directory, expected a text file");
+  // Only regular files: a FIFO would block the open (and a device never ends).
+  check(fs::is_regular_file(st), path, ": is ", fs::is_fifo(st) ? "a FIFO (named pipe)" : "not a regular file",
+        ", expected a text file");
   in_.open(path, std::ios::binary);
   check(in_.is_open(), path, ": cannot open for reading: ", std::strerror(errno));
 }

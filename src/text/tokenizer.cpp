@@ -9,10 +9,10 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <set>
 
+#include "io/json_strict.h"
 #include "qkv/error.h"
-#include "qkv/npy.h"  // read_file, write_file_atomic
+#include "qkv/files.h"
 
 namespace qkv {
 
@@ -84,28 +84,6 @@ const char* fault_text(Utf8Fault f) {
 // Files
 
 std::string join(const std::string& dir, const std::string& name) { return (std::filesystem::path(dir) / name).string(); }
-
-// tokenizer.json as parsed: a JSON object whose keys appear once each.
-Json parse_tokenizer_json(const std::string& text, const std::string& file) {
-  if (const size_t nul = text.find('\0'); nul != std::string::npos)
-    fail(file, ": not valid JSON: NUL byte at offset ", nul);
-  std::vector<std::set<std::string>> seen;  // keys seen so far in each object being parsed
-  const Json::parser_callback_t on_event = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) seen.emplace_back();
-    if (event == Json::parse_event_t::object_end) seen.pop_back();
-    if (event == Json::parse_event_t::key && !seen.back().insert(parsed.get<std::string>()).second)
-      fail(file, ": duplicate key \"", parsed.get<std::string>(), "\"");
-    return true;
-  };
-  Json j;
-  try {
-    j = Json::parse(text, on_event);
-  } catch (const Json::exception& e) {
-    fail(file, ": not valid JSON: ", e.what());
-  }
-  if (!j.is_object()) fail(file, ": expected a JSON object such as {\"type\": \"byte\"}, found ", j.type_name());
-  return j;
-}
 
 // The value of `key`: a plain file name inside the tokenizer directory.
 std::string file_field(const Json& j, const char* key, const std::string& file) {
@@ -281,7 +259,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const std::string file = join(dir, "tokenizer.json");
   if (!std::filesystem::exists(file, ec))
     fail(file, ": no such file (expected tokenizer.json in the tokenizer directory)");
-  const Json j = parse_tokenizer_json(read_file(file, "tokenizer.json"), file);
+  const Json j = detail::parse_json_object(read_file(file, "tokenizer.json"), file);  // every key once
 
   // "type" chooses the kind; each kind's other keys name its files.
   const auto t = j.find("type");

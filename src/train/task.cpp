@@ -9,8 +9,10 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
+#include "io/json_strict.h"
 #include "qkv/data.h"
 #include "qkv/error.h"
 #include "qkv/npy.h"
@@ -45,25 +47,27 @@ void TaskInfo::save(const std::string& dir) const {
 TaskInfo TaskInfo::load(const std::string& dir) {
   const std::string path = dir + "/task.json";
   check(::access(path.c_str(), F_OK) == 0, path, ": not found (is ", dir, " a model directory written by qkv train?)");
-  json j;
-  try {
-    j = json::parse(read_file(path, "task.json"));
-  } catch (const json::exception& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
-  check(j.is_object() && j.contains("task") && j["task"].is_string(), path, ": expected an object with a \"task\"");
+  const json j = detail::parse_json_object(read_file(path, "task.json"), path);
+  check(j.contains("task") && j["task"].is_string(), path, ": expected an object with a \"task\" string");
   TaskInfo t;
-  t.task = parse_task(j["task"].get<std::string>());
+  try {
+    t.task = parse_task(j["task"].get<std::string>());
+  } catch (const Error& e) {
+    throw Error(path + ": \"task\": " + e.what());
+  }
   if (j.contains("max_len")) {
-    check(j["max_len"].is_number_integer() && j["max_len"].get<int64_t>() >= 0, path,
-          ": max_len must be a non-negative integer");
-    t.max_len = j["max_len"].get<int64_t>();
+    const json& m = j["max_len"];
+    check(m.is_number_integer() && !m.is_number_float() && m.get<int64_t>() >= 0 && m.get<int64_t>() <= (1 << 24),
+          path, ": \"max_len\" must be an integer in [0, 16777216], got ", m.dump());
+    t.max_len = m.get<int64_t>();
   }
   if (t.task == Task::Classify) {
-    check(j.contains("labels") && j["labels"].is_array() && !j["labels"].empty(), path,
-          ": a classify model needs a non-empty \"labels\" array");
+    check(j.contains("labels") && j["labels"].is_array() && j["labels"].size() >= 2, path,
+          ": a classify model needs a \"labels\" array of at least 2 labels");
+    std::set<std::string> seen;
     for (const auto& l : j["labels"]) {
-      check(l.is_string(), path, ": labels must be strings");
+      check(l.is_string(), path, ": \"labels\" must hold strings, got ", l.dump());
+      check(seen.insert(l.get<std::string>()).second, path, ": label \"", l.get<std::string>(), "\" appears twice");
       t.labels.push_back(l.get<std::string>());
     }
   }
@@ -278,8 +282,17 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
           ckpt, ": the checkpoint has no data position (epoch, batch); was it written by qkv train?");
     epoch = j["epoch"].get<int64_t>();
     batch_pos = j["batch"].get<int64_t>();
-    if (j.contains("best") && j["best"].is_number()) best = j["best"].get<double>();
-    if (j.contains("last_valid") && j["last_valid"].is_number()) last_valid = j["last_valid"].get<double>();
+    check(epoch >= 0 && epoch <= (int64_t{1} << 40) && batch_pos >= 0, ckpt, ": the data position (epoch ", epoch,
+          ", batch ", batch_pos, ") is out of range; expected non-negative integers");
+    // A validation loss is a finite non-negative number, or null when there was none.
+    auto loss_field = [&](const char* key, double& dst) {
+      if (!j.contains(key) || j[key].is_null()) return;
+      check(j[key].is_number() && std::isfinite(j[key].get<double>()) && j[key].get<double>() >= 0, ckpt,
+            ": the data position's \"", key, "\" must be a finite loss >= 0 or null, got ", j[key].dump());
+      dst = j[key].get<double>();
+    };
+    loss_field("best", best);
+    loss_field("last_valid", last_valid);
     // metrics up to the checkpoint's step (later lines belong to steps that will be redone)
     for (const Metric& m : read_metrics(metrics_path))
       if (m.step <= trainer.steps_done()) metrics.push_back(m);
@@ -289,9 +302,13 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
 
   const std::vector<int64_t> lengths = lengths_of(task, train);
   auto plan_for = [&](int64_t e) { return batch_by_length(lengths, config.max_tokens, config.seed + 7919 * static_cast<uint64_t>(e), true); };
+  // Every epoch has its own plan, and plans under a token budget differ in length from epoch to
+  // epoch: the batch count is always the current plan's.
   BatchPlan plan = plan_for(epoch);
-  const int64_t per_epoch = static_cast<int64_t>(plan.batches.size());
-  const int64_t eval_every = config.eval_every > 0 ? config.eval_every : per_epoch;
+  auto per_epoch = [&] { return static_cast<int64_t>(plan.batches.size()); };
+  if (resume)
+    check(batch_pos <= per_epoch(), ckpt, ": the data position (epoch ", epoch, ", batch ", batch_pos,
+          ") lies beyond that epoch's ", per_epoch(), " batches: the checkpoint does not belong to this data and --max-tokens");
 
   LoopResult res;
   const auto t0 = std::chrono::steady_clock::now();
@@ -310,7 +327,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     const int64_t done = trainer.steps_done();
     if (config.max_steps > 0) f = std::max(f, static_cast<double>(done) / static_cast<double>(config.max_steps));
     if (config.max_epochs > 0)
-      f = std::max(f, (static_cast<double>(epoch) + static_cast<double>(batch_pos) / static_cast<double>(per_epoch)) /
+      f = std::max(f, (static_cast<double>(epoch) + static_cast<double>(batch_pos) / static_cast<double>(per_epoch())) /
                           static_cast<double>(config.max_epochs));
     if (config.max_minutes > 0) f = std::max(f, elapsed() / (60.0 * config.max_minutes));
     return std::min(f, 1.0);
@@ -322,12 +339,14 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     return false;
   };
 
+  const double start_fraction = std::max(0.0, fraction());
+
   while (!limit_reached()) {
     if (config.stop && config.stop->load()) {
       res.interrupted = true;
       break;
     }
-    if (batch_pos >= per_epoch) {
+    if (batch_pos >= per_epoch()) {
       ++epoch;
       batch_pos = 0;
       plan = plan_for(epoch);
@@ -348,12 +367,16 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     p.loss = rep.loss;
     p.lr = rep.lr;
     p.elapsed_s = elapsed();
+    p.start_fraction = start_fraction;
+    p.valid_loss = last_valid;  // the latest known (from the checkpoint on resume), NaN when none
     p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
     Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
     json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
     if (rep.skipped) extra["skipped"] = true;
     // (a stop request skips validation: Ctrl-C should save and return at once)
-    const bool eval_now = rep.step % eval_every == 0 || limit_reached();
+    // (without --eval-every: at the end of each epoch, whatever its length)
+    const bool eval_now = (config.eval_every > 0 ? rep.step % config.eval_every == 0 : batch_pos == per_epoch()) ||
+                          limit_reached();
     if (eval_now && !valid.empty()) {
       const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
       m.valid_loss = last_valid = ev.loss;

@@ -28,9 +28,11 @@ void validate(const TrainConfig& c) {
   qkv::validate(c.schedule);
   check(c.beta1 >= 0 && c.beta1 < 1, "train: beta1 must be in [0, 1), got ", c.beta1);
   check(c.beta2 >= 0 && c.beta2 < 1, "train: beta2 must be in [0, 1), got ", c.beta2);
-  check(c.eps > 0, "train: eps must be > 0, got ", c.eps);
-  check(c.weight_decay >= 0, "train: weight_decay must be >= 0, got ", c.weight_decay);
-  check(c.clip_norm >= 0, "train: clip_norm must be >= 0 (0 = off), got ", c.clip_norm);
+  check(std::isfinite(c.eps) && c.eps > 0, "train: eps must be finite and > 0, got ", c.eps);
+  check(std::isfinite(c.weight_decay) && c.weight_decay >= 0, "train: weight_decay must be finite and >= 0, got ",
+        c.weight_decay);
+  check(std::isfinite(c.clip_norm) && c.clip_norm >= 0, "train: clip_norm must be finite and >= 0 (0 = off), got ",
+        c.clip_norm);
   check(c.label_smoothing >= 0 && c.label_smoothing <= 1, "train: label_smoothing must be in [0, 1]");
 }
 
@@ -191,6 +193,15 @@ std::string Trainer::load_checkpoint(const std::string& path) {
       check(t->shape() == params[i].var->value.shape() && t->dtype() == DType::F32, path, ": \"", params[i].name,
             "\" is ", t->describe(), " in the checkpoint; the model needs float32 ",
             shape_str(params[i].var->value.shape()));
+    // AdamW's moments: finite, and the second one (a running mean of squares) never negative.
+    const float* mp = m->data<float>();
+    const float* vp = v->data<float>();
+    for (int64_t k = 0; k < m->numel(); ++k) {
+      check(std::isfinite(mp[k]), path, ": \"adam_m.", params[i].name, "\" element ", k, " is ", mp[k],
+            "; expected a finite first moment");
+      check(std::isfinite(vp[k]) && vp[k] >= 0, path, ": \"adam_v.", params[i].name, "\" element ", k, " is ", vp[k],
+            "; expected a finite second moment >= 0");
+    }
     weights.emplace_back(params[i].name, *w);
     ms[i] = m;
     vs[i] = v;
@@ -219,15 +230,31 @@ std::string Trainer::load_checkpoint(const std::string& path) {
     cfg.decay_all = train.at("decay_all").get<bool>();
     cfg.clip_norm = train.at("clip_norm").get<double>();
     cfg.label_smoothing = train.at("label_smoothing").get<float>();
+    check(train.at("seed").is_number_unsigned(), path, ": checkpoint \"seed\" is ", train.at("seed").dump(),
+          "; expected an integer in [0, 2^64)");
     cfg.seed = train.at("seed").get<uint64_t>();
-    for (int i = 0; i < 4; ++i) s.s[i] = rng.at("s").at(static_cast<size_t>(i)).get<uint64_t>();
+    check(rng.at("s").is_array() && rng.at("s").size() == 4, path, ": checkpoint RNG state must be 4 integers");
+    bool any = false;
+    for (int i = 0; i < 4; ++i) {
+      const json& w = rng.at("s").at(static_cast<size_t>(i));
+      check(w.is_number_unsigned(), path, ": checkpoint RNG word ", i, " is ", w.dump(), "; expected an integer in [0, 2^64)");
+      s.s[i] = w.get<uint64_t>();
+      any = any || s.s[i] != 0;
+    }
+    check(any, path, ": checkpoint RNG state is all zeros (not a state the generator can be in)");
+    check(rng.at("spare_bits").is_number_unsigned(), path, ": checkpoint RNG spare_bits must be an unsigned integer");
+    for (const char* key : {"step", "updates"})
+      check(train.at(key).is_number_integer(), path, ": checkpoint \"", key, "\" is ", train.at(key).dump(),
+            "; expected an integer");
     s.has_spare = rng.at("has_spare").get<bool>();
     const uint64_t bits = rng.at("spare_bits").get<uint64_t>();
     std::memcpy(&s.spare, &bits, sizeof bits);
   } catch (const json::exception& e) {
     throw Error(detail::concat(path, ": checkpoint metadata is malformed: ", e.what()));
   }
-  check(step >= 0 && updates >= 0 && updates <= step, path, ": checkpoint step counters are inconsistent");
+  check(step >= 0 && updates >= 0 && updates <= step && step <= (int64_t{1} << 40), path,
+        ": checkpoint step counters are inconsistent (step ", step, ", updates ", updates,
+        "; expected 0 <= updates <= step <= 2^40)");
   try {
     validate(cfg);
   } catch (const Error& e) {
