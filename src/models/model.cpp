@@ -4,8 +4,6 @@
 
 #include <sys/stat.h>
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +15,7 @@
 #include "kernels/positional.h"
 #include "models/model_impl.h"
 #include "nn/layers.h"
+#include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "qkv/npy.h"
 #include "qkv/rng.h"
@@ -150,29 +149,6 @@ ParameterPlan plan_parameters(const ModelConfig& c) {
   return p;
 }
 
-// Memory this process may still take: MemAvailable in /proc/meminfo (what can be allocated
-// without swapping), else the physical pages free; -1 when neither can be read.
-double available_memory_bytes(const char** source) {
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
-  if (f) {
-    char line[256];
-    long long kb = -1;
-    while (std::fgets(line, sizeof line, f))
-      if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
-    std::fclose(f);
-    if (kb >= 0) {
-      *source = "MemAvailable in /proc/meminfo";
-      return static_cast<double>(kb) * 1024.0;
-    }
-  }
-  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) {
-    *source = "free physical pages";
-    return static_cast<double>(pages) * static_cast<double>(page);
-  }
-  return -1;
-}
-
 std::string fmt_bytes(double b) {
   const char* unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
@@ -219,7 +195,7 @@ std::string largest_part(const ModelConfig& c, const ParameterPlan& p) {
 void check_fits_in_memory(const ModelConfig& c) {
   const ParameterPlan p = plan_parameters(c);
   const double n = p.total(c), bytes = 4.0 * n;
-  const char* source = "";
+  std::string source;
   const double avail = available_memory_bytes(&source);
   if (avail < 0 || bytes <= avail) return;
   throw Error(detail::concat("config: the model would have ", fmt_count(n), " parameters, ", fmt_bytes(bytes),
