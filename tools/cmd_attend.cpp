@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -199,9 +200,9 @@ Runner add_attend(CLI::App& app) {
   c->add_option("--key-lengths", o->key_lengths, "int (B,) key-padding lengths: keys >= length are blocked");
   c->add_flag("--causal{bottom-right}", o->causal,
               "Causal mask; =bottom-right (default: query i sees keys <= i + Tk - Tq) or =top-left (keys <= i)");
-  c->add_option("--window", o->window, "Sliding window of W keys (0 = off)")->check(CLI::NonNegativeNumber);
+  c->add_option("--window", o->window, "Sliding window of W keys (0 = off)")->transform(whole(0));
   c->add_flag("--alibi", o->alibi, "Add ALiBi position biases with the standard per-head slopes");
-  c->add_option("--scale", o->scale, "Score scale (default 1/sqrt(Dk))");
+  c->add_option("--scale", o->scale, "Score scale (default 1/sqrt(Dk))")->transform(finite());
   c->add_option("--impl", o->impl, "flash (tiled, float32) or reference (float64 oracle)")
       ->check(CLI::IsMember({"flash", "reference"}));
   c->add_option("--out", o->out, "Write the output Z here (.npy)");

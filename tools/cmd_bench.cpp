@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -247,14 +248,15 @@ Runner add_bench(CLI::App& app) {
   CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, model training, decoding");
   b->require_subcommand(1);
   CLI::App* c = b->add_subcommand("attention", "Flash vs reference attention vs the machine's SGEMM ceiling");
-  c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',');
-  c->add_option("--batch", o->batch, "Batch size B")->check(CLI::PositiveNumber);
-  c->add_option("--heads", o->heads, "Heads H")->check(CLI::PositiveNumber);
-  c->add_option("--dim", o->dim, "Head dimension D")->check(CLI::PositiveNumber);
-  c->add_option("--ref-max-t", o->ref_max_t, "Largest T at which to run the (slow) float64 reference");
-  c->add_option("--gemm-n", o->gemm_n, "Size of the square SGEMM that measures the ceiling")->check(CLI::PositiveNumber);
-  c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->check(CLI::PositiveNumber);
-  c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds");
+  c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',')->transform(whole(1, 1 << 24));
+  c->add_option("--batch", o->batch, "Batch size B")->transform(whole(1, 1 << 20));
+  c->add_option("--heads", o->heads, "Heads H")->transform(whole(1, 1 << 16));
+  c->add_option("--dim", o->dim, "Head dimension D")->transform(whole(1, 1 << 16));
+  c->add_option("--ref-max-t", o->ref_max_t, "Largest T at which to run the (slow) float64 reference")->transform(whole(0));
+  c->add_option("--gemm-n", o->gemm_n, "Size of the square SGEMM that measures the ceiling")->transform(whole(1, 1 << 16));
+  c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->transform(whole(1, 1000000));
+  c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds")
+      ->transform(finite(0, 1e6));
   c->add_flag("--json", o->json, "Print JSON instead of a table");
   Runner train = add_bench_train(*b);
   Runner decode = add_bench_decode(*b);

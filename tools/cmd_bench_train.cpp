@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -162,11 +163,11 @@ Runner add_bench_train(CLI::App& bench) {
   c->add_option("--model", o->model, "gpt2-small or transformer-base")
       ->check(CLI::IsMember({"gpt2-small", "transformer-base"}));
   c->add_option("--config", o->config, "Benchmark this config.json instead of a preset")->check(CLI::ExistingFile);
-  c->add_option("--batch", o->batch, "Sequences per step")->check(CLI::PositiveNumber);
+  c->add_option("--batch", o->batch, "Sequences per step")->transform(whole(1, 1 << 20));
   c->add_option("--seq", o->seq, "Tokens per sequence (source and target for encoder-decoder)")
-      ->check(CLI::PositiveNumber);
-  c->add_option("--steps", o->steps, "Timed steps")->check(CLI::PositiveNumber);
-  c->add_option("--warmup", o->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+      ->transform(whole(1, 1 << 20));
+  c->add_option("--steps", o->steps, "Timed steps")->transform(whole(1, 1000000));
+  c->add_option("--warmup", o->warmup, "Untimed steps first")->transform(whole(0, 1000000));
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_train(*o); };
 }

@@ -142,6 +142,23 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+std::string fmt_perplexity(double loss) {
+  if (std::isnan(loss)) return "nan";
+  if (std::isinf(loss)) return loss > 0 ? "inf" : "0";
+  char buf[64];
+  const double ppl = std::exp(loss);
+  if (ppl < 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2f", ppl);
+    return buf;
+  }
+  // ppl = m 10^e with e <- floor(loss / ln 10), m <- 10^(loss / ln 10 - e): no exp to overflow
+  const double e10 = loss / std::log(10.0);
+  double e = std::floor(e10), m = std::pow(10.0, e10 - e);
+  if (m >= 9.9995) m /= 10, e += 1;  // "10.000e+5" rounds to "1.000e+6"
+  std::snprintf(buf, sizeof buf, "%.3fe+%.0f", m, e);
+  return buf;
+}
+
 Progress::Progress(double every_s)
     : tty_(isatty(fileno(stderr)) != 0), every_s_(every_s), t0_(std::chrono::steady_clock::now()) {}
 
