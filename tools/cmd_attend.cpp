@@ -156,8 +156,25 @@ int run_attend(const AttendOptions& o) {
     check(std::filesystem::is_directory(dir, ec), *path, ": cannot write here, directory ", dir.string(),
           " does not exist");
   }
+  // attention's errors name its arguments (q, k, v, mask, bool_mask, key_lengths, dout): here
+  // they also name the files
+  const std::pair<const char*, std::string> args[] = {{"mask", "--mask " + o.mask},
+                                                      {"bool_mask", "--bool-mask " + o.bool_mask},
+                                                      {"key_lengths", "--key-lengths " + o.key_lengths},
+                                                      {"dout", "--dout " + o.dout}};
+  auto named = [&](auto&& f) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const auto& [name, flag] : args)
+        if (m.rfind(std::string(name) + ":", 0) == 0 || m.rfind(std::string(name) + "[", 0) == 0)
+          throw Error(flag + ": " + m);
+      throw Error(detail::concat("--q ", o.q, ", --k ", o.k, ", --v ", o.v, ": ", m));
+    }
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  AttentionOutput r = attention(q, k, v, spec);
+  AttentionOutput r = named([&] { return attention(q, k, v, spec); });
   // Compute everything before writing anything, so a failure leaves no partial set of outputs.
   std::optional<Tensor> weights;
   check(o.rows.empty() || !o.weights.empty(), "--rows selects rows of --weights: give --weights too");
@@ -168,7 +185,7 @@ int run_attend(const AttendOptions& o) {
   std::optional<AttentionGrads> g;
   if (want_grads) {
     Tensor dout = read_float(o.dout);
-    g = attention_backward(q, k, v, r.out, r.lse, dout, spec);
+    g = named([&] { return attention_backward(q, k, v, r.out, r.lse, dout, spec); });
   }
   write_npy(o.out, r.out);
   if (!o.lse.empty()) write_npy(o.lse, r.lse);

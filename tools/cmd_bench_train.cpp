@@ -76,8 +76,23 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
 int run_bench_train(const TrainBenchOptions& o) {
   const ModelConfig cfg = o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
+  // the logits and their gradient alone, (B, T, V) floats each: a lower bound on what a step
+  // needs, refused before anything is allocated when even that cannot fit
+  std::string source;
+  const double avail = available_memory_bytes(&source);
+  const double logits = 2.0 * 4.0 * static_cast<double>(o.batch) * static_cast<double>(o.seq) *
+                        static_cast<double>(cfg.arch == Arch::EncoderClassifier ? cfg.num_classes : cfg.vocab_size);
+  check(avail < 0 || logits <= avail, "--batch ", o.batch, " --seq ", o.seq, ": the logits of one step and their "
+        "gradient alone take ", static_cast<int64_t>(logits / (1 << 20)), " MiB, more than the ",
+        static_cast<int64_t>(avail / (1 << 20)), " MiB of memory available (", source, ")");
   const double ceiling = gemm_ceiling(2048, 3);
-  Model model(cfg);
+  Model model = [&] {
+    try {
+      return Model(cfg);
+    } catch (const Error& e) {  // a config too large for this machine: name the file
+      throw Error(detail::concat(name, ": ", e.what()));
+    }
+  }();
   model.init(1);
   TrainConfig tc;
   tc.schedule.lr = 1e-4;

@@ -64,6 +64,13 @@ struct BatchFiles {
             "decoder input is then the target shifted right)");
       b.decoder_input = shift_right(b.target, m.config().bos_id);
     }
+    BatchNames names;
+    names.input = "--input " + input;
+    names.input_lengths = "--lengths " + lengths;
+    names.decoder_input = decoder_input.empty() ? "the decoder input (--target " + target + " shifted right)"
+                                                : "--decoder-input " + decoder_input;
+    names.target = "--target " + target;
+    m.check_batch(b, names);
     return b;
   }
 };
@@ -147,21 +154,22 @@ int run_forward(const ForwardCmd& o) {
   Tape tape;
   tape.recording = !o.grads.empty();
   Var logits = m.logits(tape, b);
-  std::cout << "logits " << shape_str(logits->value.shape());
+  // everything is computed before anything is printed or written, so an error leaves no half line
+  std::string line = "logits " + shape_str(logits->value.shape());
   if (b.target.defined()) {
     int64_t counted = 0;
     Var loss = m.loss(tape, logits, b, o.label_smoothing, &counted);
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(loss->value.data<float>()[0]));
-    std::cout << "  loss " << buf << " over " << counted << " targets";
+    line += detail::concat("  loss ", buf, " over ", counted, " targets");
     if (!o.grads.empty()) {
       tape.backward(loss);
       for (const Parameter& p : m.parameters())
         write_npy(o.grads + "/" + p.name + ".npy", p.var->has_grad ? p.var->grad : Tensor(p.var->value.shape(), DType::F32));
     }
   }
-  std::cout << "\n";
   if (!o.out.empty()) write_npy(o.out, logits->value);
+  std::cout << line << "\n";
   return 0;
 }
 
