@@ -227,6 +227,45 @@ TEST(Properties, WeightsFromLseSumToOne) {
   }
 }
 
+// A window reaching past every key is no window, up to INT64_MAX: p + window used to overflow
+// and zero most rows.
+TEST(Properties, WindowWiderThanTheKeysIsNoWindow) {
+  std::mt19937 rng(61);
+  const int64_t Tq = 70, Tk = 100;
+  Tensor q = randn({1, 2, Tq, 16}, rng), k = randn({1, 2, Tk, 16}, rng), v = randn({1, 2, Tk, 16}, rng);
+  Tensor dout = randn({1, 2, Tq, 16}, rng);
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  for (AttentionImpl impl : {AttentionImpl::Flash, AttentionImpl::Reference})
+    for (bool causal : {false, true})
+      for (Align align : {Align::BottomRight, Align::TopLeft}) {
+        AttentionSpec plain;
+        plain.impl = impl;
+        plain.causal = causal;
+        plain.align = align;
+        const AttentionOutput want = attention(q, k, v, plain);
+        const AttentionGrads want_g = attention_backward(q, k, v, want.out, want.lse, dout, plain);
+        for (int64_t w : {Tk + Tq, huge / 2, huge - 1, huge}) {
+          SCOPED_TRACE("window " + std::to_string(w) + (causal ? " causal" : "") +
+                       (align == Align::TopLeft ? " top-left" : "") +
+                       (impl == AttentionImpl::Flash ? " flash" : " reference"));
+          AttentionSpec spec = plain;
+          spec.window = w;
+          const AttentionOutput got = attention(q, k, v, spec);
+          EXPECT_TRUE(bitwise_equal(got.out, want.out));
+          EXPECT_TRUE(bitwise_equal(got.lse, want.lse));
+          const AttentionGrads g = attention_backward(q, k, v, got.out, got.lse, dout, spec);
+          EXPECT_TRUE(bitwise_equal(g.dq, want_g.dq));
+          EXPECT_TRUE(bitwise_equal(g.dk, want_g.dk));
+          EXPECT_TRUE(bitwise_equal(g.dv, want_g.dv));
+        }
+      }
+  // Keys at every position 0..Tk-1 and queries among them (Tq <= Tk, bottom-right): a window of
+  // Tk keys already reaches them all.
+  AttentionSpec plain, wide;
+  wide.window = Tk;
+  EXPECT_TRUE(bitwise_equal(attention(q, k, v, wide).out, attention(q, k, v, plain).out));
+}
+
 TEST(Determinism, SameInputsSameBitsForAnyThreadCount) {
   std::mt19937 rng(7);
   Tensor q = randn({2, 4, 300, 64}, rng), k = randn({2, 2, 333, 64}, rng), v = randn({2, 2, 333, 48}, rng);

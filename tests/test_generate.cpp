@@ -6,8 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -338,6 +341,91 @@ TEST(Generate, BadRequestsGiveClearErrors) {
   const Model ed = make(encdec_config());
   EXPECT_NE(error_of([&] { generate(ed, {{4}}, greedy(3, true)); }).find("decoder-only"), std::string::npos);
   EXPECT_TRUE(generate(m, {}, greedy(3, true)).empty());
+  // translate's errors say translate, not generate
+  g = greedy(3, true);
+  g.capture_attention = true;
+  g.attention_layer = 7;
+  EXPECT_NE(error_of([&] { translate(ed, {{4}}, g); }).find("translate: attention_layer 7 is outside the model's 2 decoder layers"),
+            std::string::npos);
+  g = greedy(3, true);
+  g.length_penalty = std::numeric_limits<double>::quiet_NaN();
+  g.beam_size = 2;
+  EXPECT_NE(error_of([&] { translate(ed, {{4}}, g); }).find("translate: length_penalty must be finite"),
+            std::string::npos);
+}
+
+// NaN or infinite logits are an error naming the row and step, on every decoding path: they used
+// to become some token (often eos: an empty output), reported as a result.
+TEST(Generate, NonFiniteLogitsAreAnErrorNotATokens) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), FLT_MAX}) {
+    SCOPED_TRACE(::testing::Message() << "lm_head row 5 = " << bad);
+    Model m = make(decoder_config(Positional::Sinusoidal));
+    Model ed = make(encdec_config());
+    for (Model* model : {&m, &ed}) {
+      Tensor& w = model->find("lm_head.weight")->var->value;
+      std::fill(w.data<float>() + 5 * w.size(1), w.data<float>() + 6 * w.size(1), bad);
+    }
+    GenerateConfig greedy_g = greedy(4, true), sample_g = greedy(4, true), beam_g = greedy(4, true);
+    sample_g.sampling.greedy = false;
+    beam_g.beam_size = 3;
+    for (const GenerateConfig* g : {&greedy_g, &sample_g, &beam_g}) {
+      EXPECT_NE(error_of([&] { generate(m, kPrompts, *g); }).find("generate: the model's logits are not finite (token 5 of row 0"),
+                std::string::npos);
+      EXPECT_NE(error_of([&] { translate(ed, {{5, 9, 4}}, *g); }).find("translate: the model's logits are not finite"),
+                std::string::npos);
+    }
+    EXPECT_NE(error_of([&] { next_token_logprobs(m, kPrompts); }).find("logits are not finite"), std::string::npos);
+  }
+}
+
+// Beam search draws nothing: asking it to sample is an error, not a silently deterministic run.
+TEST(Generate, SamplingWithBeamSearchIsRefused) {
+  const Model m = make(decoder_config(Positional::Rope));
+  GenerateConfig g = greedy(4, true);
+  g.sampling.greedy = false;
+  g.beam_size = 4;
+  EXPECT_NE(error_of([&] { generate(m, kPrompts, g); }).find("sampling (greedy = false) and beam search"),
+            std::string::npos);
+  g.beam_size = 1;
+  g.beam_search = true;
+  EXPECT_NE(error_of([&] { generate(m, kPrompts, g); }).find("exclude each other"), std::string::npos);
+  const Model ed = make(encdec_config());
+  EXPECT_NE(error_of([&] { translate(ed, {{5}}, g); }).find("translate: sampling"), std::string::npos);
+}
+
+// num_return = n: the n best hypotheses of each request, distinct, best first; the first is what
+// num_return = 1 gives.
+TEST(Generate, NumReturnGivesTheBestDistinctBeams) {
+  const Model m = make(decoder_config(Positional::Rope));
+  const Model ed = make(encdec_config());
+  GenerateConfig g = greedy(6, true);
+  g.eos_id = 1;
+  g.beam_size = 4;
+  const auto one = generate(m, kPrompts, g);
+  const auto one_tr = translate(ed, {{5, 9, 4, 7}, {8, 6}}, g);
+  g.num_return = 3;
+  for (bool encdec : {false, true}) {
+    SCOPED_TRACE(encdec ? "translate" : "generate");
+    const auto& first = encdec ? one_tr : one;
+    const auto out = encdec ? translate(ed, {{5, 9, 4, 7}, {8, 6}}, g) : generate(m, kPrompts, g);
+    ASSERT_EQ(out.size(), first.size() * 3);
+    for (size_t b = 0; b < first.size(); ++b) {
+      EXPECT_EQ(out[b * 3].tokens, first[b].tokens) << "request " << b;
+      std::set<std::vector<int32_t>> distinct;
+      for (size_t i = 0; i < 3; ++i) distinct.insert(out[b * 3 + i].tokens);
+      EXPECT_EQ(distinct.size(), 3u) << "request " << b;
+      auto score = [&](const Generation& x) {
+        return x.logprob / std::pow(static_cast<double>(x.tokens.size()), g.length_penalty);
+      };
+      EXPECT_GE(score(out[b * 3]), score(out[b * 3 + 1]));
+      EXPECT_GE(score(out[b * 3 + 1]), score(out[b * 3 + 2]));
+    }
+  }
+  g.num_return = 5;
+  EXPECT_NE(error_of([&] { generate(m, kPrompts, g); }).find("num_return = 5, expected 1 .. 4"), std::string::npos);
+  g = greedy(4, true);
+  g.num_return = 2;
+  EXPECT_NE(error_of([&] { generate(m, kPrompts, g); }).find("num_return = 2, expected 1 .. 1"), std::string::npos);
 }
 
 }  // namespace

@@ -526,6 +526,54 @@ TEST(Activations, PinnedValuesAndEdges) {
   }
 }
 
+// NaN in, NaN out, as in PyTorch: ReLU used to turn NaN into 0 (x > 0 ? x : 0), so a model with
+// NaN weights had a finite loss. ReLU's gradient passes dy where x is NaN (torch's
+// threshold_backward: x <= 0 ? 0 : dy); the others' gradients are NaN. Every other input keeps
+// exactly the bits of the old formulas. Sizes cover the vector bodies, tails and the threaded path.
+TEST(Activations, NaNPropagatesAsInPyTorch) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  uint32_t seed = 680;
+  for (int64_t n : {1, 7, 64, 4101, 40000}) {
+    std::mt19937 rng(seed++);
+    std::vector<float> x = activation_inputs(n, rng), dy = randn(n, rng);
+    std::vector<int64_t> nan_at = {0, n / 2, n - 1};
+    if (n > 8) x[1] = -0.0f, x[2] = 0.0f, x[3] = INFINITY, x[4] = -INFINITY;
+    for (int64_t k : nan_at) x[k] = nan;
+    for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh}) {
+      SCOPED_TRACE(std::string(name(a)) + " n=" + std::to_string(n));
+      std::vector<float> y(n), dx(n), y2(n), d(n);
+      kernels::activation_forward(a, x.data(), y.data(), n, kThreads);
+      kernels::activation_backward(a, x.data(), dy.data(), dx.data(), n, kThreads);
+      kernels::activation_forward_grad(a, x.data(), y2.data(), d.data(), n, kThreads);
+      for (int64_t k : nan_at) {
+        EXPECT_TRUE(std::isnan(y[k])) << "forward at " << k;
+        EXPECT_TRUE(std::isnan(y2[k])) << "forward_grad at " << k;
+        if (a == Activation::ReLU) {
+          EXPECT_EQ(dx[k], dy[k]) << "backward at " << k;
+          EXPECT_EQ(d[k], 1.0f) << "forward_grad's derivative at " << k;
+        } else {
+          EXPECT_TRUE(std::isnan(dx[k])) << "backward at " << k;
+          EXPECT_TRUE(std::isnan(d[k])) << "forward_grad's derivative at " << k;
+        }
+      }
+      if (a != Activation::ReLU) continue;
+      for (int64_t k = 0; k < n; ++k) {
+        if (std::isnan(x[k])) continue;
+        const float want_y = x[k] > 0.0f ? x[k] : 0.0f, want_dx = x[k] > 0.0f ? dy[k] : 0.0f;
+        ASSERT_EQ(std::bit_cast<uint32_t>(y[k]), std::bit_cast<uint32_t>(want_y)) << "x = " << x[k];
+        ASSERT_EQ(std::bit_cast<uint32_t>(y2[k]), std::bit_cast<uint32_t>(want_y)) << "x = " << x[k];
+        ASSERT_EQ(std::bit_cast<uint32_t>(dx[k]), std::bit_cast<uint32_t>(want_dx)) << "x = " << x[k];
+        ASSERT_EQ(d[k], x[k] > 0.0f ? 1.0f : 0.0f) << "x = " << x[k];
+      }
+    }
+    // SwiGLU: silu(a) b with a NaN in either input
+    std::vector<float> b = randn(n, rng), y(n), da(n), db(n);
+    kernels::swiglu_forward(x.data(), b.data(), y.data(), n, kThreads);
+    kernels::swiglu_backward(x.data(), b.data(), dy.data(), da.data(), db.data(), n, kThreads);
+    for (int64_t k : nan_at) EXPECT_TRUE(std::isnan(y[k]) && std::isnan(da[k]) && std::isnan(db[k])) << "swiglu " << k;
+  }
+}
+
 TEST(SwiGlu, MatchesDoubleReferenceAndFiniteDifferences) {
   uint32_t seed = 700;
   for (int64_t n : {1, 3, 17, 64, 1000, 40000}) {

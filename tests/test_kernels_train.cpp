@@ -20,6 +20,7 @@
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/train_isa.h"
 
 namespace qkv::kernels {
 namespace {
@@ -225,6 +226,58 @@ TEST(CrossEntropy, HugeLogitsStayFinite) {
       double row = 0;
       for (int64_t j = 0; j < V; ++j) row += got.grad[i * V + j];
       EXPECT_NEAR(row, 0.0, 1e-6) << "gradient row " << i << " should sum to zero";
+    }
+  }
+}
+
+// max_j z_j on every ISA variant: the largest value for finite rows, +inf when one is +inf, and
+// NaN whenever the row holds a NaN, wherever it sits ("a > b ? a : b" kept or dropped a NaN
+// depending on its lane and on whether it came first).
+TEST(RowMax, EveryIsaPropagatesNaN) {
+  struct Variant {
+    const char* name;
+    float (*f)(const float*, int64_t);
+    bool runs;
+  };
+  const Variant variants[] = {{"generic", generic::row_max, true},
+                              {"avx2", avx2::row_max, cpu_supports(Isa::AVX2)},
+                              {"w16avx2", w16avx2::row_max, cpu_supports(Isa::AVX2)},
+                              {"avx512", avx512::row_max, cpu_supports(Isa::AVX512)}};
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (const Variant& v : variants) {
+    if (!v.runs) continue;
+    for (int64_t n : {1, 3, 4, 8, 16, 17, 33, 100}) {
+      SCOPED_TRACE(::testing::Message() << v.name << " n=" << n);
+      std::vector<float> z(static_cast<size_t>(n));
+      for (float& x : z) x = nd(rng);
+      EXPECT_EQ(v.f(z.data(), n), *std::max_element(z.begin(), z.end()));
+      for (int64_t at = 0; at < n; ++at) {
+        std::vector<float> bad = z;
+        bad[at] = std::numeric_limits<float>::quiet_NaN();
+        EXPECT_TRUE(std::isnan(v.f(bad.data(), n))) << "NaN at " << at << " was dropped";
+        bad[at] = std::numeric_limits<float>::infinity();
+        EXPECT_EQ(v.f(bad.data(), n), std::numeric_limits<float>::infinity());
+      }
+    }
+  }
+}
+
+// NaN logits give a NaN loss and NaN gradients in their row, never a finite number; the other
+// rows' gradients stay finite.
+TEST(CrossEntropy, NaNLogitsPropagate) {
+  for (int64_t V : {5, 64, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "V=" << V);
+    CeProblem p = ce_problem(3, V, false, 8);
+    p.z[1 * V + V / 2] = std::numeric_limits<float>::quiet_NaN();
+    for (float eps : {0.0f, 0.1f}) {
+      const CeRun got = ce_run(p, kIgnore, eps, 1.0f, 1);
+      EXPECT_TRUE(std::isnan(got.loss));
+      EXPECT_TRUE(std::isnan(got.lse[1]));
+      for (int64_t j = 0; j < V; ++j) {
+        EXPECT_TRUE(std::isnan(got.grad[1 * V + j])) << "row 1, class " << j;
+        EXPECT_TRUE(std::isfinite(got.grad[0 * V + j]) && std::isfinite(got.grad[2 * V + j]));
+      }
     }
   }
 }

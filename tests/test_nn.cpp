@@ -13,11 +13,13 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "error_testing.h"
+#include "file_testing.h"
 #include "qkv/autograd.h"
 #include "qkv/model.h"
 #include "qkv/ops.h"
@@ -433,6 +435,156 @@ TEST(Models, ConfigJsonRoundTripAndStrictness) {
   EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": "5"})", "x.json"); }).find("must be an integer"),
             std::string::npos);
   EXPECT_NE(error_of([] { ModelConfig::from_json("{", "x.json"); }).find("x.json: not valid JSON"), std::string::npos);
+}
+
+// config.json integers are read checking type and range, naming the key; a key given twice is
+// an error (as in tokenizer.json and safetensors headers), not "the last one wins".
+TEST(Models, ConfigRejectsDuplicatesAndOutOfRangeIntegers) {
+  auto err = [](const std::string& json) { return error_of([&] { ModelConfig::from_json(json, "x.json"); }); };
+  auto has = [](const std::string& e, const std::string& part) {
+    return e.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                             : ::testing::AssertionFailure() << "'" << part << "' not in: " << e;
+  };
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "d_model": 16})"), "x.json: duplicate key \"d_model\""));
+  EXPECT_TRUE(has(err(std::string("{\"vocab_size\": 5}\0{\"d_model\": 3}", 32)), "x.json: not valid JSON: NUL byte"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 18446744073709551615})"),
+                  "x.json: \"vocab_size\" is 18446744073709551615, beyond any size"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 9223372036854775808})"), "\"vocab_size\" is 9223372036854775808"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 3000000000})"), "vocab_size must be in [1, 2147483647], got 3000000000"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "n_heads": 4, "n_kv_heads": -1})"),
+                  "n_kv_heads must be in [0, 1099511627776] (0: n_heads), got -1"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "n_heads": 4, "d_k": 4611686018427387904})"),
+                  "d_k must be in [0, 1099511627776]"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "n_heads": 4, "d_k": 1099511627776})"),
+                  "n_heads * d_k = 4 * 1099511627776 is more than 1099511627776"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "n_heads": 4, "d_v": 1099511627776})"),
+                  "n_heads * d_v = 4 * 1099511627776"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "n_layers": -3})"), "n_layers must be in [1, "));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 5.0})"), "\"d_model\" must be an integer, got 5.0"));
+  EXPECT_TRUE(has(err(R"({"vocab_size": 5, "norm_eps": 1e999})"), "x.json: not valid JSON"));
+  // what code builds is held to the same ranges, finite doubles included
+  ModelConfig c = tiny(Arch::Decoder);
+  c.init_std = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "init_std must be finite"));
+  c = tiny(Arch::Decoder);
+  c.rope_theta = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(has(error_of([&] { c.validate(); }), "rope_theta must be finite"));
+}
+
+// parameter_count plans the real construction: it equals the built model's count for every
+// architecture and option that changes the parameters.
+TEST(Models, ParameterCountEqualsTheBuiltModel) {
+  std::vector<ModelConfig> cases;
+  for (Arch a : {Arch::Decoder, Arch::EncoderDecoder, Arch::EncoderClassifier}) {
+    ModelConfig c = tiny(a);
+    cases.push_back(c);
+    c.positional = Positional::Learned;
+    c.fused_qkv = false;
+    c.n_kv_heads = 1;
+    c.d_k = 3;
+    c.d_v = 5;
+    c.activation = FeedForward::SwiGLU;
+    c.norm = NormKind::RMSNorm;
+    c.bias = false;
+    c.final_norm = false;
+    c.tie_embeddings = a != Arch::EncoderClassifier;
+    c.n_layers = 3;
+    c.n_encoder_layers = 2;
+    c.n_decoder_layers = 4;
+    cases.push_back(c);
+  }
+  for (const ModelConfig& c : cases) {
+    SCOPED_TRACE(c.to_json());
+    EXPECT_EQ(Model::parameter_count(c), static_cast<double>(Model(c).num_parameters()));
+  }
+}
+
+// A config whose weights cannot fit in memory is refused before anything is allocated, naming
+// the key behind it, what it implies and the memory available (n_layers = 10^4 used to allocate
+// layer by layer; d_ff = 10^12 ended in "Storage: cannot allocate ... bytes").
+TEST(Models, HugeConfigsAreRefusedNamingTheKey) {
+  ModelConfig ff = tiny(Arch::Decoder);
+  ff.d_ff = 1000000000000;
+  std::string e = error_of([&] { Model m(ff); });
+  EXPECT_NE(e.find("config: the model would have"), std::string::npos) << e;
+  EXPECT_NE(e.find("of memory available"), std::string::npos) << e;
+  EXPECT_NE(e.find("mostly the feed-forward (d_ff = 1000000000000 x d_model = 8)"), std::string::npos) << e;
+  ModelConfig deep = tiny(Arch::EncoderDecoder);
+  deep.d_model = 512;
+  deep.d_ff = 2048;
+  deep.n_decoder_layers = 10000000;
+  e = error_of([&] { Model m(deep); });
+  EXPECT_NE(e.find("n_decoder_layers = 10000000 layers of 4204032 parameters each, mostly attention"), std::string::npos) << e;
+  ModelConfig wide = tiny(Arch::Decoder);
+  wide.vocab_size = 2000000000;
+  wide.d_model = 1 << 20;
+  wide.n_heads = 1;
+  e = error_of([&] { Model m(wide); });
+  EXPECT_NE(e.find("the embeddings and output layer (vocab_size = 2000000000"), std::string::npos) << e;
+}
+
+// A model directory whose config implies more parameters than its weights file can hold is
+// refused before the model is allocated.
+TEST(Models, LoadRefusesAConfigTheWeightsCannotHold) {
+  testing::TempDir dir("nn");
+  Model m(tiny(Arch::Decoder));
+  m.save(dir.path().string());
+  std::string cfg = testing::read_bytes(dir / "config.json");
+  const std::string from = "\"n_layers\": 2";
+  ASSERT_NE(cfg.find(from), std::string::npos);
+  cfg.replace(cfg.find(from), from.size(), "\"n_layers\": 100000000");
+  testing::write_bytes(dir / "config.json", cfg);
+  const std::string e = error_of([&] { Model::load(dir.path().string()); });
+  EXPECT_NE(e.find("config.json: the config implies"), std::string::npos) << e;
+  EXPECT_NE(e.find("n_layers = 100000000 layers"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.safetensors holds only"), std::string::npos) << e;
+}
+
+// check_batch names each tensor as the caller calls it and says what was expected.
+TEST(Models, CheckBatchNamesTheTensor) {
+  BatchNames n;
+  n.input = "--input x.npy";
+  n.input_lengths = "--lengths l.npy";
+  n.decoder_input = "--decoder-input d.npy";
+  n.target = "--target t.npy";
+  auto err = [&](const Model& m, const Batch& b) { return error_of([&] { m.check_batch(b, n); }); };
+  ModelConfig lc = tiny(Arch::Decoder);
+  lc.positional = Positional::Learned;
+  const Model lm(lc), ed(tiny(Arch::EncoderDecoder)), cls(tiny(Arch::EncoderClassifier));
+  for (const Model* m : {&lm, &ed, &cls}) EXPECT_EQ(err(*m, tiny_batch(m->config())), "no exception");
+  Batch b = tiny_batch(lc);
+  b.input = Tensor({2, 0}, DType::I64);
+  EXPECT_NE(err(lm, b).find("--input x.npy: (2, 0) is empty"), std::string::npos);
+  b.input = Tensor({0, 5}, DType::I64);
+  EXPECT_NE(err(lm, b).find("--input x.npy: (0, 5) is empty"), std::string::npos);
+  b.input = Tensor({2, 9}, DType::I64);
+  EXPECT_NE(err(lm, b).find("--input x.npy: rows of 9 tokens exceed the model's max_len 8"), std::string::npos);
+  b.input = ids_tensor({1, 2}, {3, 11});
+  EXPECT_NE(err(lm, b).find("--input x.npy: token id 11 at (0, 1) is outside the vocabulary [0, 11)"),
+            std::string::npos);
+  b = tiny_batch(lc);
+  b.input_lengths = ids_tensor({2}, {5, 6});
+  EXPECT_NE(err(lm, b).find("--lengths l.npy: length 6 of row 1 is outside [0, 5]"), std::string::npos);
+  b = tiny_batch(lc);
+  b.target = ids_tensor({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_NE(err(lm, b).find("--target t.npy: expected one next token per position, (2, 5), got (2, 4)"),
+            std::string::npos);
+  b.decoder_input = b.input;
+  EXPECT_NE(err(lm, b).find("--decoder-input d.npy: only an encoder-decoder"), std::string::npos);
+  Batch eb = tiny_batch(ed.config());
+  eb.input = ids_tensor({1, 1}, {9});  // the source vocabulary is 9
+  eb.decoder_input = ids_tensor({1, 1}, {10});
+  eb.target = ids_tensor({1, 1}, {4});
+  EXPECT_NE(err(ed, eb).find("--input x.npy: token id 9 at (0, 0) is outside the vocabulary [0, 9)"),
+            std::string::npos);
+  Batch cb = tiny_batch(cls.config());
+  cb.target = ids_tensor({2}, {3, 0});
+  EXPECT_NE(err(cls, cb).find("--target t.npy: 3 at flat index 0 is neither a class in [0, 3)"), std::string::npos);
+  // the forward pass itself refuses an empty batch with its own words, not a view error
+  Batch empty = tiny_batch(lc);
+  empty.input = Tensor({2, 0}, DType::I64);
+  Tape tape;
+  EXPECT_NE(error_of([&] { lm.logits(tape, empty); }).find("batch: input (2, 0) is empty"), std::string::npos);
 }
 
 TEST(Models, StateDictMismatchNamesTensorAndShapes) {

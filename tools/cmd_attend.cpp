@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -155,8 +156,25 @@ int run_attend(const AttendOptions& o) {
     check(std::filesystem::is_directory(dir, ec), *path, ": cannot write here, directory ", dir.string(),
           " does not exist");
   }
+  // attention's errors name its arguments (q, k, v, mask, bool_mask, key_lengths, dout): here
+  // they also name the files
+  const std::pair<const char*, std::string> args[] = {{"mask", "--mask " + o.mask},
+                                                      {"bool_mask", "--bool-mask " + o.bool_mask},
+                                                      {"key_lengths", "--key-lengths " + o.key_lengths},
+                                                      {"dout", "--dout " + o.dout}};
+  auto named = [&](auto&& f) {
+    try {
+      return f();
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      for (const auto& [name, flag] : args)
+        if (m.rfind(std::string(name) + ":", 0) == 0 || m.rfind(std::string(name) + "[", 0) == 0)
+          throw Error(flag + ": " + m);
+      throw Error(detail::concat("--q ", o.q, ", --k ", o.k, ", --v ", o.v, ": ", m));
+    }
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  AttentionOutput r = attention(q, k, v, spec);
+  AttentionOutput r = named([&] { return attention(q, k, v, spec); });
   // Compute everything before writing anything, so a failure leaves no partial set of outputs.
   std::optional<Tensor> weights;
   check(o.rows.empty() || !o.weights.empty(), "--rows selects rows of --weights: give --weights too");
@@ -167,7 +185,7 @@ int run_attend(const AttendOptions& o) {
   std::optional<AttentionGrads> g;
   if (want_grads) {
     Tensor dout = read_float(o.dout);
-    g = attention_backward(q, k, v, r.out, r.lse, dout, spec);
+    g = named([&] { return attention_backward(q, k, v, r.out, r.lse, dout, spec); });
   }
   write_npy(o.out, r.out);
   if (!o.lse.empty()) write_npy(o.lse, r.lse);
@@ -199,9 +217,9 @@ Runner add_attend(CLI::App& app) {
   c->add_option("--key-lengths", o->key_lengths, "int (B,) key-padding lengths: keys >= length are blocked");
   c->add_flag("--causal{bottom-right}", o->causal,
               "Causal mask; =bottom-right (default: query i sees keys <= i + Tk - Tq) or =top-left (keys <= i)");
-  c->add_option("--window", o->window, "Sliding window of W keys (0 = off)")->check(CLI::NonNegativeNumber);
+  c->add_option("--window", o->window, "Sliding window of W keys (0 = off)")->transform(whole(0));
   c->add_flag("--alibi", o->alibi, "Add ALiBi position biases with the standard per-head slopes");
-  c->add_option("--scale", o->scale, "Score scale (default 1/sqrt(Dk))");
+  c->add_option("--scale", o->scale, "Score scale (default 1/sqrt(Dk))")->transform(finite());
   c->add_option("--impl", o->impl, "flash (tiled, float32) or reference (float64 oracle)")
       ->check(CLI::IsMember({"flash", "reference"}));
   c->add_option("--out", o->out, "Write the output Z here (.npy)");

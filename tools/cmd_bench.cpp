@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -90,6 +92,11 @@ class Progress {
   double start_, flash_flops_ = 0, ref_flops_ = 0, flash_s_ = 0, ref_s_ = 0;
 };
 
+// VmHWM and VmRSS come from counters the kernel updates in batches per thread, so their
+// difference is good to about a MiB: a small case can read slightly negative, and a ratio of
+// two readings below this means nothing.
+constexpr double kMemoryResolutionMiB = 1.0;
+
 struct Row {
   std::string impl, pass;
   int64_t T;
@@ -97,7 +104,33 @@ struct Row {
   double seconds, gflops, peak_mib;
 };
 
+// Refuses sizes whose arrays cannot fit before any is allocated: per case q, k, v, dout and
+// the outputs and gradients, 10 float arrays of B*H*T*D, and for the reference its (Tq, Tk)
+// float64 scores and probabilities per thread.
+void check_sizes(const BenchOptions& o) {
+  std::string source;
+  const double avail = available_memory_bytes(&source);
+  if (avail < 0) return;
+  for (int64_t T : o.seq) {
+    const double bhtd = static_cast<double>(o.batch) * static_cast<double>(o.heads) * static_cast<double>(T) *
+                        static_cast<double>(o.dim);
+    double bytes = 10.0 * 4.0 * bhtd;
+    if (T <= o.ref_max_t) bytes += 2.0 * 8.0 * static_cast<double>(T) * static_cast<double>(T) * num_threads();
+    char need[32], have[32];
+    std::snprintf(need, sizeof need, "%.1f", bytes / (1 << 30));
+    std::snprintf(have, sizeof have, "%.1f", avail / (1 << 30));
+    check(bytes <= avail, "--seq ", T, ": a case of B = ", o.batch, ", H = ", o.heads, ", T = ", T, ", D = ", o.dim,
+          T <= o.ref_max_t ? " with the reference" : "", " needs about ", need, " GiB, more than the ", have,
+          " GiB of memory available (", source, ")", T <= o.ref_max_t ? "; lower --ref-max-t, or " : "; lower ",
+          "--seq, --batch, --heads or --dim");
+  }
+  const double gemm = 3.0 * 4.0 * static_cast<double>(o.gemm_n) * static_cast<double>(o.gemm_n);
+  check(gemm <= avail, "--gemm-n ", o.gemm_n, ": three ", o.gemm_n, " x ", o.gemm_n,
+        " float matrices do not fit the memory available");
+}
+
 int run_bench(const BenchOptions& o) {
+  check_sizes(o);
   const int threads = num_threads();
   const BlasInfo blas = blas_info();
   const double ceiling = gemm_ceiling(o.gemm_n, o.reps);
@@ -185,8 +218,9 @@ int run_bench(const BenchOptions& o) {
         for (int causal = 0; causal < 2; ++causal) {
           double flops = 4.0 * T * T * o.dim * o.heads * o.batch * (causal ? 0.5 : 1.0);
           if (backward) flops *= 3.5;
+          // peak: extra memory, never below zero (a negative reading is counter noise)
           Row row{ref ? "reference" : "flash", backward ? "fwd+bwd" : "fwd", T, causal == 1, best[causal],
-                  flops / best[causal] / 1e9, peak_kb[causal] / 1024.0};
+                  flops / best[causal] / 1e9, std::max<int64_t>(0, peak_kb[causal]) / 1024.0};
           rows.push_back(row);
           if (!o.json) {
             std::printf("%-9s %-8s %6lld %-7s %10.4f %9.1f %7.1f%% %11.1f\n", row.impl.c_str(), row.pass.c_str(),
@@ -232,9 +266,13 @@ int run_bench(const BenchOptions& o) {
     if (!f || !fb || !fc) continue;
     std::printf("  T=%-5lld flash fwd %.0f%% of ceiling, fwd+bwd %.0f%%, causal/non-causal time %.2f", static_cast<long long>(T),
                 100 * f->gflops / ceiling, 100 * fb->gflops / ceiling, fc->seconds / f->seconds);
-    if (rf)
-      std::printf(", reference/flash time %.1fx, memory %.1fx", rf->seconds / f->seconds,
-                  rf->peak_mib / std::max(f->peak_mib, 0.001));
+    if (rf) {
+      std::printf(", reference/flash time %.1fx", rf->seconds / f->seconds);
+      if (f->peak_mib >= kMemoryResolutionMiB && rf->peak_mib >= kMemoryResolutionMiB)
+        std::printf(", memory %.1fx", rf->peak_mib / f->peak_mib);
+      else
+        std::printf(", memory: below the %.0f MiB that VmHWM resolves", kMemoryResolutionMiB);
+    }
     std::printf("\n");
   }
   return 0;
@@ -247,14 +285,15 @@ Runner add_bench(CLI::App& app) {
   CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, model training, decoding");
   b->require_subcommand(1);
   CLI::App* c = b->add_subcommand("attention", "Flash vs reference attention vs the machine's SGEMM ceiling");
-  c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',');
-  c->add_option("--batch", o->batch, "Batch size B")->check(CLI::PositiveNumber);
-  c->add_option("--heads", o->heads, "Heads H")->check(CLI::PositiveNumber);
-  c->add_option("--dim", o->dim, "Head dimension D")->check(CLI::PositiveNumber);
-  c->add_option("--ref-max-t", o->ref_max_t, "Largest T at which to run the (slow) float64 reference");
-  c->add_option("--gemm-n", o->gemm_n, "Size of the square SGEMM that measures the ceiling")->check(CLI::PositiveNumber);
-  c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->check(CLI::PositiveNumber);
-  c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds");
+  c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',')->transform(whole(1, 1 << 24));
+  c->add_option("--batch", o->batch, "Batch size B")->transform(whole(1, 1 << 20));
+  c->add_option("--heads", o->heads, "Heads H")->transform(whole(1, 1 << 16));
+  c->add_option("--dim", o->dim, "Head dimension D")->transform(whole(1, 1 << 16));
+  c->add_option("--ref-max-t", o->ref_max_t, "Largest T at which to run the (slow) float64 reference")->transform(whole(0));
+  c->add_option("--gemm-n", o->gemm_n, "Size of the square SGEMM that measures the ceiling")->transform(whole(1, 1 << 16));
+  c->add_option("--reps", o->reps, "Repetitions (best time is reported)")->transform(whole(1, 1000000));
+  c->add_option("--min-time", o->min_time, "Keep repeating each flash case for at least this many seconds")
+      ->transform(finite(0, 1e6));
   c->add_flag("--json", o->json, "Print JSON instead of a table");
   Runner train = add_bench_train(*b);
   Runner decode = add_bench_decode(*b);

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -75,9 +76,9 @@ Runner add_bench_decode(CLI::App& bench) {
   auto o = std::make_shared<DecodeBenchOptions>();
   CLI::App* c = bench.add_subcommand("decode", "Decoding tokens/s at batch 1 against the memory-bandwidth bound");
   c->add_option("--model", o->model, "gpt2-small")->check(CLI::IsMember({"gpt2-small"}));
-  c->add_option("--prompt", o->prompt, "Prompt tokens")->check(CLI::Range(1, 512));
-  c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->check(CLI::Range(2, 512));
-  c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->check(CLI::Range(1, 100));
+  c->add_option("--prompt", o->prompt, "Prompt tokens")->transform(whole(1, 512));
+  c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->transform(whole(2, 512));
+  c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->transform(whole(1, 100));
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_decode(*o); };
 }

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -75,8 +76,23 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
 int run_bench_train(const TrainBenchOptions& o) {
   const ModelConfig cfg = o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
+  // the logits and their gradient alone, (B, T, V) floats each: a lower bound on what a step
+  // needs, refused before anything is allocated when even that cannot fit
+  std::string source;
+  const double avail = available_memory_bytes(&source);
+  const double logits = 2.0 * 4.0 * static_cast<double>(o.batch) * static_cast<double>(o.seq) *
+                        static_cast<double>(cfg.arch == Arch::EncoderClassifier ? cfg.num_classes : cfg.vocab_size);
+  check(avail < 0 || logits <= avail, "--batch ", o.batch, " --seq ", o.seq, ": the logits of one step and their "
+        "gradient alone take ", static_cast<int64_t>(logits / (1 << 20)), " MiB, more than the ",
+        static_cast<int64_t>(avail / (1 << 20)), " MiB of memory available (", source, ")");
   const double ceiling = gemm_ceiling(2048, 3);
-  Model model(cfg);
+  Model model = [&] {
+    try {
+      return Model(cfg);
+    } catch (const Error& e) {  // a config too large for this machine: name the file
+      throw Error(detail::concat(name, ": ", e.what()));
+    }
+  }();
   model.init(1);
   TrainConfig tc;
   tc.schedule.lr = 1e-4;
@@ -162,11 +178,11 @@ Runner add_bench_train(CLI::App& bench) {
   c->add_option("--model", o->model, "gpt2-small or transformer-base")
       ->check(CLI::IsMember({"gpt2-small", "transformer-base"}));
   c->add_option("--config", o->config, "Benchmark this config.json instead of a preset")->check(CLI::ExistingFile);
-  c->add_option("--batch", o->batch, "Sequences per step")->check(CLI::PositiveNumber);
+  c->add_option("--batch", o->batch, "Sequences per step")->transform(whole(1, 1 << 20));
   c->add_option("--seq", o->seq, "Tokens per sequence (source and target for encoder-decoder)")
-      ->check(CLI::PositiveNumber);
-  c->add_option("--steps", o->steps, "Timed steps")->check(CLI::PositiveNumber);
-  c->add_option("--warmup", o->warmup, "Untimed steps first")->check(CLI::NonNegativeNumber);
+      ->transform(whole(1, 1 << 20));
+  c->add_option("--steps", o->steps, "Timed steps")->transform(whole(1, 1000000));
+  c->add_option("--warmup", o->warmup, "Untimed steps first")->transform(whole(0, 1000000));
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_train(*o); };
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
@@ -63,6 +64,13 @@ struct BatchFiles {
             "decoder input is then the target shifted right)");
       b.decoder_input = shift_right(b.target, m.config().bos_id);
     }
+    BatchNames names;
+    names.input = "--input " + input;
+    names.input_lengths = "--lengths " + lengths;
+    names.decoder_input = decoder_input.empty() ? "the decoder input (--target " + target + " shifted right)"
+                                                : "--decoder-input " + decoder_input;
+    names.target = "--target " + target;
+    m.check_batch(b, names);
     return b;
   }
 };
@@ -74,8 +82,19 @@ struct InitOptions {
   uint64_t seed = 0;
 };
 
+// A model built from --config FILE: the file's own errors name it, and so do the model's (a
+// config too large for this machine's memory).
+Model model_from_config(const std::string& path) {
+  const ModelConfig cfg = ModelConfig::load(path);
+  try {
+    return Model(cfg);
+  } catch (const Error& e) {
+    throw Error(detail::concat(path, ": ", e.what()));
+  }
+}
+
 int run_init(const InitOptions& o) {
-  Model m(ModelConfig::load(o.config));
+  Model m = model_from_config(o.config);
   m.init(o.seed);
   make_dir(o.out, "--out");
   m.save(o.out);
@@ -93,7 +112,7 @@ struct ImportOptions {
 };
 
 int run_import(const ImportOptions& o) {
-  Model m(ModelConfig::load(o.config));
+  Model m = model_from_config(o.config);
   m.init(o.seed);  // what --allow-missing leaves in place
   std::vector<std::pair<std::string, Tensor>> tensors;
   if (fs::is_directory(o.weights)) {
@@ -135,21 +154,22 @@ int run_forward(const ForwardCmd& o) {
   Tape tape;
   tape.recording = !o.grads.empty();
   Var logits = m.logits(tape, b);
-  std::cout << "logits " << shape_str(logits->value.shape());
+  // everything is computed before anything is printed or written, so an error leaves no half line
+  std::string line = "logits " + shape_str(logits->value.shape());
   if (b.target.defined()) {
     int64_t counted = 0;
     Var loss = m.loss(tape, logits, b, o.label_smoothing, &counted);
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(loss->value.data<float>()[0]));
-    std::cout << "  loss " << buf << " over " << counted << " targets";
+    line += detail::concat("  loss ", buf, " over ", counted, " targets");
     if (!o.grads.empty()) {
       tape.backward(loss);
       for (const Parameter& p : m.parameters())
         write_npy(o.grads + "/" + p.name + ".npy", p.var->has_grad ? p.var->grad : Tensor(p.var->value.shape(), DType::F32));
     }
   }
-  std::cout << "\n";
   if (!o.out.empty()) write_npy(o.out, logits->value);
+  std::cout << line << "\n";
   return 0;
 }
 
@@ -219,7 +239,7 @@ Runner add_init(CLI::App& app) {
   CLI::App* c = app.add_subcommand("init", "Create a model directory (config.json + model.safetensors) with random weights");
   c->add_option("--config", o->config, "config.json describing the model (docs/formats.md)")->required()->check(CLI::ExistingFile);
   c->add_option("--out", o->out, "Model directory to write")->required();
-  c->add_option("--seed", o->seed, "Initialisation seed");
+  c->add_option("--seed", o->seed, "Initialisation seed")->transform(seed_number());
   return [o] { return run_init(*o); };
 }
 
@@ -234,7 +254,7 @@ Runner add_import(CLI::App& app) {
   c->add_option("--out", o->out, "Model directory to write")->required();
   c->add_flag("--allow-missing", o->allow_missing,
               "Parameters absent from --weights keep a random initialisation (e.g. embeddings around an nn.Transformer)");
-  c->add_option("--seed", o->seed, "Seed for parameters left to initialisation");
+  c->add_option("--seed", o->seed, "Seed for parameters left to initialisation")->transform(seed_number());
   return [o] { return run_import(*o); };
 }
 
@@ -245,7 +265,7 @@ Runner add_forward(CLI::App& app) {
   o->batch.add(c, false);
   c->add_option("--out", o->out, "Write the logits here (.npy)");
   c->add_option("--grads", o->grads, "Write d(loss)/d(parameter) as <name>.npy into this directory (needs --target)");
-  c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing of the loss")->check(CLI::Range(0.0, 1.0));
+  c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing of the loss")->transform(finite(0, 1));
   return [o] { return run_forward(*o); };
 }
 
@@ -257,22 +277,23 @@ Runner add_fit(CLI::App& app) {
                 "Resume from a checkpoint instead of --model (its schedule and optimiser settings are used)")
       ->check(CLI::ExistingFile);
   o->batch.add(c, true);
-  c->add_option("--steps", o->steps, "Optimiser steps")->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  c->add_option("--lr", o->lr, "Peak learning rate");
+  c->add_option("--steps", o->steps, "Optimiser steps")->transform(whole(0, int64_t{1} << 40));
+  c->add_option("--lr", o->lr, "Peak learning rate")->transform(finite(0));
   c->add_option("--schedule", o->schedule, "constant, inverse-sqrt or cosine");
-  c->add_option("--warmup", o->warmup, "Warmup steps");
-  c->add_option("--total", o->total, "Cosine: the step where the rate reaches --min-lr (default --steps)");
-  c->add_option("--min-lr", o->min_lr, "Cosine floor");
-  c->add_option("--weight-decay", o->cfg.weight_decay, "AdamW decoupled weight decay");
+  c->add_option("--warmup", o->warmup, "Warmup steps")->transform(whole(0, int64_t{1} << 40));
+  c->add_option("--total", o->total, "Cosine: the step where the rate reaches --min-lr (default --steps)")
+      ->transform(whole(0, int64_t{1} << 40));
+  c->add_option("--min-lr", o->min_lr, "Cosine floor")->transform(finite(0));
+  c->add_option("--weight-decay", o->cfg.weight_decay, "AdamW decoupled weight decay")->transform(finite(0));
   c->add_flag("--decay-all", o->cfg.decay_all, "Decay every parameter (torch.optim.AdamW(model.parameters()))");
-  c->add_option("--beta1", o->cfg.beta1, "AdamW beta1");
-  c->add_option("--beta2", o->cfg.beta2, "AdamW beta2");
-  c->add_option("--eps", o->cfg.eps, "AdamW eps");
-  c->add_option("--clip", o->cfg.clip_norm, "Clip gradients to this global L2 norm (0: off)");
+  c->add_option("--beta1", o->cfg.beta1, "AdamW beta1")->transform(finite(0, 1, "[)"));
+  c->add_option("--beta2", o->cfg.beta2, "AdamW beta2")->transform(finite(0, 1, "[)"));
+  c->add_option("--eps", o->cfg.eps, "AdamW eps")->transform(finite(0, kMaxDouble, "(]"));
+  c->add_option("--clip", o->cfg.clip_norm, "Clip gradients to this global L2 norm (0: off)")->transform(finite(0));
   c->add_option("--accumulate", o->accumulate, "Micro-batches per step (gradient accumulation)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  c->add_option("--label-smoothing", o->cfg.label_smoothing, "Label smoothing")->check(CLI::Range(0.0, 1.0));
-  c->add_option("--seed", o->cfg.seed, "Seed for dropout");
+      ->transform(whole(1, int64_t{1} << 20));
+  c->add_option("--label-smoothing", o->cfg.label_smoothing, "Label smoothing")->transform(finite(0, 1));
+  c->add_option("--seed", o->cfg.seed, "Seed for dropout")->transform(seed_number());
   c->add_option("--losses", o->losses, "Write the loss of every step here (.npy, float64)");
   c->add_option("--checkpoint", o->checkpoint, "Write a checkpoint (weights, optimiser, step, RNG) here at the end");
   c->add_option("--out", o->out, "Write the trained model directory here");

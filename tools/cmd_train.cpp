@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "io/json_strict.h"
 #include "qkv/qkv.h"
@@ -430,7 +431,7 @@ int run(Options o) {
     char b[96];
     std::snprintf(b, sizeof b, "best validation loss %.4f", r.best_valid_loss);
     best = b;
-    if (ppl) best += " (perplexity " + format_perplexity(r.best_valid_loss) + ")";
+    if (ppl) best += " (perplexity " + fmt_perplexity(r.best_valid_loss) + ")";
   }
   std::printf("qkv train: %s %lld steps (%lld epochs) in %s; %s; model in %s\n",
               r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
@@ -462,26 +463,27 @@ Runner add_train(CLI::App& app) {
   c->add_option("--tokenizer", o->tokenizer,
                 "A directory with tokenizer.json (e.g. a model), a SentencePiece .model file, 'byte', or gpt2:DIR "
                 "(GPT-2's encoder.json + vocab.bpe in DIR) (default: train SentencePiece)");
-  c->add_option("--vocab", o->vocab, "SentencePiece vocabulary size (default: the preset's)")->check(CLI::Range(300, 1000000));
+  c->add_option("--vocab", o->vocab, "SentencePiece vocabulary size (default: the preset's)")->transform(whole(300, 1000000));
   c->add_option("--spm-type", o->spm_type, "SentencePiece model: unigram or bpe")->check(CLI::IsMember({"unigram", "bpe"}));
-  c->add_option("--steps", o->steps, "Stop after N optimiser steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  c->add_option("--epochs", o->epochs, "Stop after N passes over the training split")->check(CLI::Range(1, 1000000));
-  c->add_option("--minutes", o->minutes, "Stop after M minutes of training")->check(CLI::Range(0.01, 1e6));
+  c->add_option("--steps", o->steps, "Stop after N optimiser steps")->transform(whole(1, int64_t{1} << 40));
+  c->add_option("--epochs", o->epochs, "Stop after N passes over the training split")->transform(whole(1, 1000000));
+  c->add_option("--minutes", o->minutes, "Stop after M minutes of training")->transform(finite(0.01, 1e6));
   c->add_option("--max-tokens", o->max_tokens, "Tokens per batch, padding included (default: the preset's)")
-      ->check(CLI::Range(1, 1 << 24));
+      ->transform(whole(1, 1 << 24));
   c->add_option("--max-len", o->max_len, "Longest sequence in tokens (translate: longer pairs dropped; lm: the window)")
-      ->check(CLI::Range(2, 1 << 20));
+      ->transform(whole(2, 1 << 20));
   c->add_option("--eval-every", o->eval_every, "Validate (and save the best) every N steps (default: every epoch)")
-      ->check(CLI::Range(1, 1 << 30));
-  c->add_option("--lr", o->lr, "Factor on the 2017 learning-rate formula d_model^-0.5 min(step^-0.5, step warmup^-1.5) (default 1)")->check(CLI::Range(1e-6, 1e3));
-  c->add_option("--warmup", o->warmup, "Warmup steps (default: the preset's)")->check(CLI::Range(1, 1 << 30));
-  c->add_option("--dropout", o->dropout, "Dropout (default 0.1)")->check(CLI::Range(0.0, 0.9));
+      ->transform(whole(1, 1 << 30));
+  c->add_option("--lr", o->lr, "Factor on the 2017 learning-rate formula d_model^-0.5 min(step^-0.5, step warmup^-1.5) (default 1)")->transform(finite(1e-6, 1e3));
+  c->add_option("--warmup", o->warmup, "Warmup steps (default: the preset's)")->transform(whole(1, 1 << 30));
+  c->add_option("--dropout", o->dropout, "Dropout (default 0.1)")->transform(finite(0, 0.9));
   c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing (default: 0.1 translate, 0 otherwise)")
-      ->check(CLI::Range(0.0, 0.5));
-  c->add_option("--valid-fraction", o->valid_fraction, "Held out for validation (default 0.02)")->check(CLI::Range(0.0, 0.5));
+      ->transform(finite(0, 0.5));
+  c->add_option("--valid-fraction", o->valid_fraction, "Held out for validation (default 0.02)")->transform(finite(0, 0.5));
   c->add_option("--test-fraction", o->test_fraction, "Held out for testing, written to DIR/test.* (default 0.02)")
-      ->check(CLI::Range(0.0, 0.5));
-  c->add_option("--seed", o->seed, "Seed for the split, initialisation, data order and dropout");
+      ->transform(finite(0, 0.5));
+  c->add_option("--seed", o->seed, "Seed for the split, initialisation, data order and dropout")
+      ->transform(seed_number());
   c->add_flag("--resume", o->resume, "Continue the run in --out exactly where its checkpoint stopped");
   return [o, task_opt] {
     o->task_given = task_opt->count() > 0;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 #include "qkv/metrics.h"
@@ -30,6 +31,7 @@ struct Loaded {
   Model model;
   std::unique_ptr<Tokenizer> tok;
   TaskInfo info;
+  std::string dir;
 };
 
 Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
@@ -41,7 +43,10 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
   check(tok->vocab_size() == m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match config.json's vocab_size (", m.config().vocab_size, ")");
-  return {std::move(m), std::move(tok), std::move(info)};
+  check(info.task != Task::Classify || static_cast<int64_t>(info.labels.size()) == m.config().num_classes, "--model ",
+        dir, ": task.json lists ", info.labels.size(), " labels, but config.json's num_classes is ",
+        m.config().num_classes);
+  return {std::move(m), std::move(tok), std::move(info), dir};
 }
 
 // Input lines: --input FILE, or standard input.
@@ -66,24 +71,72 @@ struct DecodeOptions {
   uint64_t seed = 0;
   bool sample = false;
   std::string attention_map;
+  // the options given, for the combinations resolve() refuses
+  CLI::Option *beam_opt = nullptr, *length_penalty_opt = nullptr, *repetition_opt = nullptr, *layer_opt = nullptr,
+              *head_opt = nullptr;
+  std::vector<CLI::Option*> sampling_opts;
+  CLI::App* app = nullptr;
   void add(CLI::App* c, bool lm) {
-    c->add_option("--beam", beam, lm ? "Beam size (1: greedy or sampling; default 1)" : "Beam size (1: greedy; default 4)")
-        ->check(CLI::Range(1, 256));
-    c->add_option("--length-penalty", length_penalty, "Beams rank by logprob / length^this (default 1)");
+    app = c;
+    beam_opt = c->add_option("--beam", beam,
+                             lm ? "Beam size (1: greedy or sampling; default 1)"
+                                : "Beam size (1: greedy; default 4, or 1 with --sample)")
+                   ->transform(whole(1, 256));
+    length_penalty_opt = c->add_option("--length-penalty", length_penalty, "Beams rank by logprob / length^this (default 1)")
+                             ->transform(finite(-100, 100));
     c->add_option("--max-len", max_len, lm ? "Tokens to generate (default 100)" : "Longest output in tokens (default: 2 x source + 10)")
-        ->check(CLI::Range(1, 1 << 20));
-    c->add_flag("--sample", sample, "Sample instead of taking the most probable token");
-    c->add_option("--temperature", temperature, "Sampling temperature (default 1)")->check(CLI::Range(1e-4, 100.0));
-    c->add_option("--top-k", top_k, "Sample from the k most probable tokens only")->check(CLI::Range(0, 1 << 30));
-    c->add_option("--top-p", top_p, "Sample from the smallest set with probability >= p")->check(CLI::Range(1e-6, 1.0));
-    c->add_option("--repetition-penalty", repetition_penalty, "Penalise tokens already present (1: off)")
-        ->check(CLI::Range(0.01, 100.0));
-    c->add_option("--seed", seed, "Sampling seed: the same seed gives the same text");
+        ->transform(whole(1, 1 << 20));
+    c->add_flag("--sample", sample, "Sample instead of taking the most probable token (no beam search)");
+    sampling_opts.push_back(
+        c->add_option("--temperature", temperature, "Sampling temperature (default 1)")->transform(finite(1e-4, 100)));
+    sampling_opts.push_back(
+        c->add_option("--top-k", top_k, "Sample from the k most probable tokens only")->transform(whole(0, 1 << 30)));
+    sampling_opts.push_back(c->add_option("--top-p", top_p, "Sample from the smallest set with probability >= p")
+                                ->transform(finite(1e-6, 1)));
+    repetition_opt = c->add_option("--repetition-penalty", repetition_penalty,
+                                   "Penalise tokens already present (1: off; greedy and sampling)")
+                         ->transform(finite(0.01, 100));
+    sampling_opts.push_back(
+        c->add_option("--seed", seed, "Sampling seed: the same seed gives the same text")->transform(seed_number()));
     c->add_option("--attention-map", attention_map,
                   lm ? "Write the self-attention of --layer/--head over prompt and output as SVG"
                      : "Write the cross-attention of --layer/--head for the first input as an SVG heatmap");
-    c->add_option("--layer", layer, "Attention map layer (default -1: the last)");
-    c->add_option("--head", head, "Attention map head (default 0)")->check(CLI::Range(0, 4096));
+    layer_opt = c->add_option("--layer", layer, "Attention map layer (default -1: the last)")->transform(whole(-4096, 4096));
+    head_opt = c->add_option("--head", head, "Attention map head (default 0)")->transform(whole(0, 4096));
+  }
+  // Settles the beam and refuses options that would be silently ignored: sampling draws one
+  // token at a time, so --sample turns the default beam off and refuses an explicit --beam N > 1;
+  // the sampling options need --sample; beam search ranks by --length-penalty and applies no
+  // --repetition-penalty.
+  void resolve() {
+    if (sample) {
+      check(beam_opt->count() == 0 || beam == 1, "--sample and --beam ", beam,
+            " exclude each other: sampling draws one token at a time, beam search keeps the most probable "
+            "continuations (use --beam 1 with --sample, or leave --sample out)");
+      beam = 1;
+    } else {
+      for (const CLI::Option* o : sampling_opts)
+        check(o->count() == 0, o->get_name(), " applies to sampling only: add --sample");
+    }
+    check(beam == 1 || repetition_opt->count() == 0,
+          "--repetition-penalty applies to greedy decoding and sampling, not to beam search (--beam ", beam, ")");
+    check(beam > 1 || length_penalty_opt->count() == 0, "--length-penalty ranks the hypotheses of beam search: give --beam N >= 2");
+    check(!attention_map.empty() || (layer_opt->count() == 0 && head_opt->count() == 0),
+          "--layer and --head choose the attention of --attention-map FILE.svg: give it too");
+  }
+  // eval of a language model or classifier decodes nothing: a decoding option given there would
+  // be ignored, so it is refused.
+  void refuse_for(const char* what) const {
+    for (const char* name : {"--beam", "--length-penalty", "--max-len", "--sample", "--temperature", "--top-k", "--top-p",
+                             "--repetition-penalty", "--seed", "--attention-map", "--layer", "--head", "--batch"})
+      check(app->get_option(name)->count() == 0, name, " applies to decoding translations; this is ", what, " model");
+  }
+  // --layer and --head against the model: `layers` of the attention drawn (decoder layers), n_heads.
+  void check_map(int64_t layers, int64_t heads) const {
+    if (attention_map.empty()) return;
+    check(layer >= -layers && layer < layers, "--layer ", layer, ": the model has ", layers,
+          " layers with this attention (give 0 .. ", layers - 1, ", or -1 .. -", layers, " from the last)");
+    check(head < heads, "--head ", head, ": the model has ", heads, " heads (give 0 .. ", heads - 1, ")");
   }
   GenerateConfig config(int64_t max_new) const {
     GenerateConfig g;
@@ -102,6 +155,17 @@ struct DecodeOptions {
   }
 };
 
+// Decoding errors are about the model (non-finite logits, an attention layer it lacks): the
+// message names it.
+template <class F>
+auto naming_model(const std::string& dir, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw Error(detail::concat("--model ", dir, ": ", e.what()));
+  }
+}
+
 std::vector<std::string> pieces(const Tokenizer& tok, const std::vector<int32_t>& ids) {
   std::vector<std::string> p;
   for (int32_t id : ids) p.push_back(tok.piece(id));
@@ -109,44 +173,64 @@ std::vector<std::string> pieces(const Tokenizer& tok, const std::vector<int32_t>
 }
 
 // Translations of `sources`, in batches. `first_map` gets the first sentence's cross-attention.
+// A line with no tokens (an empty line) translates to an empty line, keeping the lines aligned.
 std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::string>& sources,
                                        const DecodeOptions& d, Generation* first_map,
                                        std::vector<int32_t>* first_src, Progress* bar) {
   std::vector<std::string> out(sources.size());
   const int32_t eos = L.tok->eos_id();
-  for (size_t b0 = 0; b0 < sources.size(); b0 += static_cast<size_t>(d.batch)) {
-    const size_t b1 = std::min(sources.size(), b0 + static_cast<size_t>(d.batch));
+  const ModelConfig& mc = L.model.config();
+  d.check_map(mc.n_decoder_layers, mc.n_heads);
+  // ids <- each line's tokens + eos; lines with no tokens stay empty and are not decoded
+  std::vector<std::vector<int32_t>> ids(sources.size());
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    ids[i] = L.tok->encode(sources[i]);
+    if (ids[i].empty()) continue;
+    ids[i].push_back(eos);
+    todo.push_back(i);
+  }
+  int64_t cut = 0, cut_at = 0;  // translations stopped by the learned positions, not by eos
+  for (size_t b0 = 0; b0 < todo.size(); b0 += static_cast<size_t>(d.batch)) {
+    const size_t b1 = std::min(todo.size(), b0 + static_cast<size_t>(d.batch));
     std::vector<std::vector<int32_t>> src;
     int64_t longest = 0;
-    for (size_t i = b0; i < b1; ++i) {
-      std::vector<int32_t> ids = L.tok->encode(sources[i]);
-      ids.push_back(eos);
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
-      src.push_back(std::move(ids));
+    for (size_t k = b0; k < b1; ++k) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids[todo[k]].size()));
+      src.push_back(ids[todo[k]]);
     }
-    GenerateConfig g = d.config(d.max_len > 0 ? d.max_len : 2 * longest + 10);
-    if (L.model.config().positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, L.model.config().max_len);
-    g.capture_attention = b0 == 0 && first_map != nullptr;
+    const int64_t want = d.max_len > 0 ? d.max_len : 2 * longest + 10;
+    GenerateConfig g = d.config(want);
+    if (mc.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, mc.max_len);
+    g.capture_attention = b0 == 0 && first_map != nullptr;  // the first line that has tokens
     if (g.capture_attention) g.beam_search = g.beam_size > 1;
-    const std::vector<Generation> gen = translate(L.model, src, g);
-    for (size_t i = b0; i < b1; ++i) {
-      std::vector<int32_t> t = gen[i - b0].tokens;
+    const std::vector<Generation> gen = naming_model(L.dir, [&] { return translate(L.model, src, g); });
+    for (size_t k = b0; k < b1; ++k) {
+      const Generation& r = gen[k - b0];
+      if (!r.finished && g.max_new_tokens < want && static_cast<int64_t>(r.tokens.size()) == g.max_new_tokens)
+        ++cut, cut_at = g.max_new_tokens;
+      std::vector<int32_t> t = r.tokens;
       if (!t.empty() && t.back() == eos) t.pop_back();
-      out[i] = L.tok->decode(t);
+      out[todo[k]] = L.tok->decode(t);
     }
-    if (b0 == 0 && first_map) {
+    if (g.capture_attention) {
       *first_map = gen[0];
       *first_src = src[0];
     }
-    if (bar) bar->update(static_cast<double>(b1) / static_cast<double>(sources.size()),
-                         std::to_string(b1) + "/" + std::to_string(sources.size()) + " sentences");
+    if (bar) bar->update(static_cast<double>(b1) / static_cast<double>(todo.size()),
+                         std::to_string(b1) + "/" + std::to_string(todo.size()) + " sentences");
   }
+  if (cut > 0)
+    std::fprintf(stderr, "qkv: %lld translation%s stopped at %lld tokens, the end of the model's learned positions "
+                 "(max_len %lld), before an end-of-sequence\n",
+                 static_cast<long long>(cut), cut == 1 ? "" : "s", static_cast<long long>(cut_at),
+                 static_cast<long long>(mc.max_len));
   return out;
 }
 
 void write_map(const std::string& path, const Generation& g, const std::vector<std::string>& rows,
                const std::vector<std::string>& cols, const std::string& title) {
-  check(g.attention_rows > 0, "--attention-map: nothing was captured");
+  check(g.attention_rows > 0, "--attention-map ", path, ": nothing to draw (no input line has any tokens)");
   // rows: the generated (or fed) tokens; columns: this input's own tokens (a batch pads the
   // others' to its longest, and padding gets no weight)
   const int64_t R = std::min<int64_t>(g.attention_rows, static_cast<int64_t>(rows.size()));
@@ -177,9 +261,10 @@ Runner add_translate(CLI::App& app) {
   CLI::App* c = app.add_subcommand("translate", "Translate lines (stdin or --input) with a model from qkv train --task translate");
   c->add_option("--model", o->model, "Model directory")->required();
   c->add_option("--input", o->input, "Source sentences, one per line (default: standard input)")->check(CLI::ExistingFile);
-  c->add_option("--batch", o->d.batch, "Sentences per batch (default 16)")->check(CLI::Range(1, 4096));
+  c->add_option("--batch", o->d.batch, "Sentences per batch (default 16)")->transform(whole(1, 4096));
   o->d.add(c, false);
   return [o] {
+    o->d.resolve();
     const Loaded L = load_model_dir(o->model, Task::Translate, "translate");
     const std::vector<std::string> lines = input_lines(o->input);
     Generation map;
@@ -211,21 +296,45 @@ Runner add_generate(CLI::App& app) {
   CLI::App* c = app.add_subcommand("generate", "Continue a prompt with a model from qkv train --task lm");
   c->add_option("--model", o->model, "Model directory")->required();
   c->add_option("--prompt", o->prompt, "The text to continue")->required();
-  c->add_option("-n,--num", o->n, "Continuations to write (with --sample: different samples)")->check(CLI::Range(1, 1000));
+  c->add_option("-n,--num", o->n,
+                "Continuations to write: with --sample different samples, with --beam N the n best (n <= N)")
+      ->transform(whole(1, 1000));
   o->d.add(c, true);
   return [o] {
+    o->d.resolve();
+    const int64_t n = o->n, beam = o->d.beam;
+    check(n == 1 || o->d.sample || beam >= n, "-n ", n,
+          beam > 1 ? detail::concat(" with --beam ", beam, ": beam search returns at most its ", beam,
+                                    " best continuations (give -n <= --beam)")
+                   : std::string(" without --sample: greedy decoding has one continuation (add --sample for "
+                                 "different samples, or --beam N >= -n for the N best)"));
     const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
+    const ModelConfig& mc = L.model.config();
+    o->d.check_map(mc.n_layers, mc.n_heads);
     std::vector<int32_t> prompt = L.tok->encode(o->prompt);
     if (prompt.empty() || L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
-    int64_t max_new = o->d.max_len > 0 ? o->d.max_len : 100;
-    const int64_t room = L.model.config().max_len - static_cast<int64_t>(prompt.size()) + 1;
-    check(room >= 1, "--prompt: ", prompt.size(), " tokens do not fit the model's max_len ", L.model.config().max_len);
-    max_new = std::min(max_new, room);
+    const int64_t want = o->d.max_len > 0 ? o->d.max_len : 100;
+    int64_t max_new = want;
+    if (mc.positional == Positional::Learned) {
+      // learned positions end at max_len: the prompt and its continuation must fit the table
+      const int64_t room = mc.max_len - static_cast<int64_t>(prompt.size()) + 1;
+      check(room >= 1, "--prompt: ", prompt.size(), " tokens do not fit the model's max_len ", mc.max_len,
+            " (its learned positions)");
+      max_new = std::min(max_new, room);
+    }
     GenerateConfig g = o->d.config(max_new);
     g.capture_attention = !o->d.attention_map.empty();
     if (g.capture_attention) g.beam_search = g.beam_size > 1;
-    const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o->n), prompt);
-    const std::vector<Generation> out = generate(L.model, prompts, g);
+    if (beam > 1) g.num_return = n;
+    const std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o->d.sample ? n : 1), prompt);
+    const std::vector<Generation> out = naming_model(L.dir, [&] { return generate(L.model, prompts, g); });
+    int64_t cut = 0;
+    for (const Generation& gen : out)
+      cut += !gen.finished && max_new < want && static_cast<int64_t>(gen.tokens.size()) == max_new;
+    if (cut > 0)
+      std::fprintf(stderr, "qkv: generate stopped after %lld new tokens at the end of the model's learned positions "
+                   "(max_len %lld, the prompt included), short of --max-len %lld\n",
+                   static_cast<long long>(max_new), static_cast<long long>(mc.max_len), static_cast<long long>(want));
     for (const Generation& gen : out) {
       // prompt and continuation decoded together: a tokenizer may mark word starts on the
       // token that follows (SentencePiece's "▁"), which a separate decode would drop
@@ -238,7 +347,7 @@ Runner add_generate(CLI::App& app) {
       std::vector<int32_t> all = prompt;
       all.insert(all.end(), out[0].tokens.begin(), out[0].tokens.end());
       const std::vector<std::string> p = pieces(*L.tok, all);
-      write_map(o->d.attention_map, out[0], p, p, map_title("self", o->d, L.model.config().n_layers));
+      write_map(o->d.attention_map, out[0], p, p, map_title("self", o->d, mc.n_layers));
     }
     return 0;
   };
@@ -266,6 +375,9 @@ Runner add_classify(CLI::App& app) {
       const Tensor z = L.model.logits(tape, b)->value;
       const int64_t C = z.size(-1);
       const float* p = z.data<float>();
+      for (int64_t k = 0; k < C; ++k)
+        check(std::isfinite(p[k]), "--model ", L.dir, ": the model's logits are not finite (class ", k, " is ", p[k],
+              " for the line '", line, "'): its weights hold NaN or infinity, or its activations overflow");
       const int64_t best = std::max_element(p, p + C) - p;
       double s = 0;
       for (int64_t k = 0; k < C; ++k) s += std::exp(static_cast<double>(p[k] - p[best]));
@@ -286,23 +398,36 @@ Runner add_eval(CLI::App& app) {
       "eval", "Score a model on held-out data: BLEU and chrF (translate), perplexity (lm), accuracy (classify)");
   c->add_option("--model", o->model, "Model directory")->required();
   c->add_option("--data", o->data, "The task's data file (default: the model directory's test split)");
-  c->add_option("--limit", o->limit, "Score only the first N records")->check(CLI::Range(1, 1 << 30));
-  c->add_option("--hyp-out", o->hyp_out, "translate: also write the translations here");
-  c->add_option("--max-tokens", o->max_tokens, "Tokens per batch when scoring (default 4096)")->check(CLI::Range(1, 1 << 24));
-  c->add_option("--batch", o->d.batch, "translate: sentences per batch (default 16)")->check(CLI::Range(1, 4096));
+  c->add_option("--limit", o->limit, "Score only the first N records")->transform(whole(1, 1 << 30));
+  CLI::Option* hyp_out = c->add_option("--hyp-out", o->hyp_out, "translate: also write the translations here");
+  CLI::Option* max_tokens =
+      c->add_option("--max-tokens", o->max_tokens, "lm, classify: tokens per batch when scoring (default 4096)")
+          ->transform(whole(1, 1 << 24));
+  c->add_option("--batch", o->d.batch, "translate: sentences per batch (default 16)")->transform(whole(1, 4096));
   o->d.add(c, false);
-  return [o] {
+  return [o, hyp_out, max_tokens] {
     const TaskInfo info = TaskInfo::load(o->model);
+    if (info.task == Task::Translate) {
+      o->d.resolve();
+      check(max_tokens->count() == 0, "--max-tokens batches the scoring of language models and classifiers; "
+            "translations are decoded --batch sentences at a time");
+    } else {
+      o->d.refuse_for(info.task == Task::LanguageModel ? "a language" : "a classification");
+      check(hyp_out->count() == 0, "--hyp-out writes translations; this is not a translation model");
+    }
     const Loaded L = load_model_dir(o->model, info.task, "eval");
     std::string data = o->data;
     if (data.empty()) data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");
     RawData raw = read_task_data(info.task, data, "", "");
+    // the file as read, then what --limit keeps of it
+    std::string summary = raw.report.summary(data);
     if (o->limit > 0 && raw.size() > o->limit) {
       std::vector<int64_t> idx(static_cast<size_t>(o->limit));
       for (int64_t i = 0; i < o->limit; ++i) idx[i] = i;
       raw = subset(raw, idx);
+      summary += detail::concat("; scoring the first ", o->limit, " (--limit)");
     }
-    std::fprintf(stderr, "qkv eval: %s\n", raw.report.summary(data).c_str());
+    std::fprintf(stderr, "qkv eval: %s\n", summary.c_str());
     if (info.task == Task::Translate) {
       std::vector<std::string> src, ref;
       for (const TextPair& p : raw.pairs) src.push_back(p.source), ref.push_back(p.target);
@@ -331,9 +456,11 @@ Runner add_eval(CLI::App& app) {
     const Encoded enc = encode_task(info.task, raw, *L.tok, info.task == Task::LanguageModel ? info.max_len : max_len,
                                     info.labels);
     const EvalResult r = evaluate(L.model, info.task, enc.examples, o->max_tokens);
+    check(std::isfinite(r.loss), "--model ", o->model, ": the model's loss on ", data, " is ", r.loss,
+          ": its weights hold NaN or infinity, or its activations overflow");
     if (info.task == Task::LanguageModel) {
-      std::printf("qkv eval: %lld tokens, loss %.4f nats/token, perplexity %.2f, next-token accuracy %.1f%%\n",
-                  static_cast<long long>(r.count), r.loss, perplexity(r.loss), 100 * r.accuracy);
+      std::printf("qkv eval: %lld tokens, loss %.4f nats/token, perplexity %s, next-token accuracy %.1f%%\n",
+                  static_cast<long long>(r.count), r.loss, fmt_perplexity(r.loss).c_str(), 100 * r.accuracy);
     } else {
       std::printf("qkv eval: %lld examples, accuracy %.2f%%, loss %.4f\n", static_cast<long long>(r.count),
                   100 * r.accuracy, r.loss);

@@ -7,10 +7,38 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
 
 namespace {
+
+// One line for a command-line error. A word where a command belongs ("qkv frobnicate", "qkv
+// bench frobnicate") reaches CLI11 as an unexpected argument, which it reports as "A subcommand
+// is required": name the word and the commands instead.
+std::string parse_error_line(const CLI::App& app, const CLI::ParseError& e) {
+  const CLI::App* at = &app;
+  std::string path = "qkv";
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (const CLI::App* sub : at->get_subcommands()) {
+      at = sub;
+      path += " " + sub->get_name();
+      deeper = true;
+      break;
+    }
+  }
+  const std::string what = e.what();
+  if (what.find("subcommand") == std::string::npos || at->get_require_subcommand_min() == 0 ||
+      !at->get_subcommands().empty())
+    return what;
+  std::string names;
+  for (const CLI::App* sub : at->get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
+  for (const std::string& word : app.remaining(true))
+    if (!word.empty() && word[0] != '-')
+      return "'" + word + "' is not a " + path + " command; expected one of " + names;
+  return path + " needs a command: one of " + names;
+}
 
 // Debian's OpenBLAS 0.3.21 does not recognise some recent CPUs and silently runs its generic
 // (Prescott) kernel, several times slower. The kernel is chosen when the library loads, so the
@@ -46,7 +74,7 @@ int main(int argc, char** argv) {
   app.fallthrough();  // --threads also after the subcommand: qkv attend --threads 1
   int threads = 0;
   app.add_option("--threads", threads, "Threads for every kernel (default: QKV_NUM_THREADS, else all cores)")
-      ->check(CLI::Range(0, 4096));
+      ->transform(qkv::cli::whole(0, 4096));
   std::vector<qkv::cli::Runner> runners;
   runners.push_back(qkv::cli::add_attend(app));
   runners.push_back(qkv::cli::add_bench(app));
@@ -68,7 +96,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    app.exit(e);
+    std::cerr << "qkv: error: " << parse_error_line(app, e) << "\n";
     return 2;
   }
   try {

@@ -155,20 +155,20 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
-std::string format_perplexity(double loss) {
+std::string fmt_perplexity(double loss) {
   if (std::isnan(loss)) return "nan";
-  if (loss == std::numeric_limits<double>::infinity()) return "inf";
+  if (std::isinf(loss)) return loss > 0 ? "inf" : "0";
   char buf[64];
-  if (loss < std::log(1e6)) {
-    std::snprintf(buf, sizeof buf, "%.2f", std::exp(loss));
+  const double ppl = std::exp(loss);
+  if (ppl < 1e6) {
+    std::snprintf(buf, sizeof buf, "%.2f", ppl);
     return buf;
   }
-  // exp(loss) = m * 10^e with e = floor(loss / ln 10), m = 10^(frac part)
-  const double l10 = loss / std::log(10.0), e = std::floor(l10);
-  double m = std::pow(10.0, l10 - e);
-  long long ex = static_cast<long long>(e);
-  if (m >= 9.99995) m /= 10, ++ex;  // keep "%.4f" below 10
-  std::snprintf(buf, sizeof buf, "%.4fe+%lld", m, ex);
+  // ppl = m 10^e with e <- floor(loss / ln 10), m <- 10^(loss / ln 10 - e): no exp to overflow
+  const double e10 = loss / std::log(10.0);
+  double e = std::floor(e10), m = std::pow(10.0, e10 - e);
+  if (m >= 9.9995) m /= 10, e += 1;  // "10.000e+5" rounds to "1.000e+6"
+  std::snprintf(buf, sizeof buf, "%.3fe+%.0f", m, e);
   return buf;
 }
 

@@ -52,8 +52,10 @@ void write_task_data(Task task, const RawData& d, const std::string& path);
 // "12m05s", "3.2s"
 std::string fmt_duration(double seconds);
 
-// exp(loss) for people: "12.34", or "1.0975e+230" when large, computed without overflow.
-std::string format_perplexity(double loss);
+// The perplexity exp(loss) readable at any size: "305.88", "1.098e+230", and beyond what a
+// double holds (a loss over ~709.8 nats) still as a number, "3.162e+347"; never cut to a few
+// characters of digits.
+std::string fmt_perplexity(double loss);
 
 // Progress on stderr: a redrawn bar on a terminal, else a line every `every_s` seconds.
 class Progress {

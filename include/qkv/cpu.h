@@ -14,4 +14,9 @@ bool cpu_supports(Isa isa);
 // "AMD EPYC ... (avx2, fma)": for benchmark reports.
 std::string cpu_description();
 
+// Memory this process may still take, in bytes: MemAvailable from /proc/meminfo (what can be
+// allocated without swapping), else the free physical pages; -1 when neither can be read.
+// `source`, when given, receives where the figure came from.
+double available_memory_bytes(std::string* source = nullptr);
+
 }  // namespace qkv

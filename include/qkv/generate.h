@@ -33,8 +33,11 @@ struct SamplingConfig {
 struct GenerateConfig {
   int64_t max_new_tokens = 64;  // tokens generated per row at most (the eos included)
   SamplingConfig sampling;
-  int64_t beam_size = 1;        // > 1: beam search (deterministic; sampling is ignored)
+  int64_t beam_size = 1;        // > 1: beam search (deterministic; with sampling.greedy = false an error)
   bool beam_search = false;     // true: beam search even with beam_size 1 (which equals greedy)
+  int64_t num_return = 1;       // beam search: the num_return best hypotheses of each request, best
+                                // first (1 <= num_return <= beam_size); the output then holds
+                                // B * num_return Generations, request b's at b * num_return + i
   double length_penalty = 1.0;  // beam hypotheses rank by logprob / length^length_penalty
   int64_t eos_id = -2;          // generation of a row stops at this token; -2: the config's eos_id;
                                 // -1: never (max_new_tokens only)
@@ -60,7 +63,9 @@ struct Generation {
 };
 
 // Decoder-only: continues each prompt (non-empty; ids in the vocabulary). Prompt + max_new_tokens
-// must fit max_len for learned positions.
+// must fit max_len for learned positions. A logit that is NaN or infinite (a model whose weights
+// hold NaN or infinity, or overflow) is an error, never a token: generate and translate throw
+// qkv::Error naming the row and step.
 std::vector<Generation> generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                  const GenerateConfig& config);
 

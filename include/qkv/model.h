@@ -83,6 +83,12 @@ struct Batch {
   Tensor target;         // (B, T) or (B, T') next tokens, or (B) class labels; optional
 };
 
+// What a batch's tensors are called in error messages (a command line passes its flags and
+// files: "--input x.npy").
+struct BatchNames {
+  std::string input = "input", input_lengths = "input_lengths", decoder_input = "decoder_input", target = "target";
+};
+
 struct ForwardOptions {
   bool training = false;     // dropout on
   uint64_t dropout_seed = 0; // dropout masks are a function of (seed, site, element)
@@ -90,7 +96,8 @@ struct ForwardOptions {
 
 class Model {
  public:
-  // Parameters allocated and zero; call init() or load weights.
+  // Parameters allocated and zero; call init() or load weights. A config whose float32 weights
+  // alone would exceed the memory available is refused first (qkv::Error naming the keys).
   explicit Model(ModelConfig config);
   ~Model();
   Model(Model&&) noexcept;
@@ -101,6 +108,9 @@ class Model {
   const std::vector<Parameter>& parameters() const { return params_; }
   const Parameter* find(const std::string& name) const;
   int64_t num_parameters() const;
+  // The number of parameters `config` implies, counted without allocating anything (the same
+  // construction, planned); a double, since a hostile config may imply more than 2^63.
+  static double parameter_count(const ModelConfig& config);
 
   // Random initialisation from `seed` (normal(0, init_std) projections, residual projections
   // scaled by 1/sqrt(2 * layers), unit norms, zero biases). Same seed, same weights.
@@ -109,6 +119,13 @@ class Model {
   // Logits: (B, T, V) for Decoder, (B, T', V) for EncoderDecoder, (B, num_classes) for
   // EncoderClassifier.
   Var logits(Tape& tape, const Batch& batch, const ForwardOptions& opt = {}) const;
+  // Checks a batch against this model before any work, every message naming the tensor as
+  // `names` calls it: int ids shaped (B, T) with B, T >= 1 (decoder_input (B, T'), encoder-decoder
+  // only and then required), ids in the vocabulary (the source vocabulary for an encoder-decoder's
+  // input), rows within max_len for learned positions, input_lengths (B) in [0, T], and a target
+  // (when given) shaped like the logits without their last dimension, holding classes or the
+  // ignored id (pad_id; -100 for a classifier or without pad_id).
+  void check_batch(const Batch& batch, const BatchNames& names = {}) const;
   // Mean cross-entropy of logits against batch.target (pad_id ignored).
   Var loss(Tape& tape, const Var& logits, const Batch& batch, float label_smoothing = 0.0f,
            int64_t* n_counted = nullptr) const;

@@ -1,5 +1,8 @@
 #include "qkv/cpu.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -65,6 +68,26 @@ std::string cpu_description() {
   for (Isa isa : {Isa::AVX2, Isa::AVX512})
     if (cpu_supports(isa)) feats += std::string(feats.empty() ? "" : ", ") + isa_name(isa);
   return model + " (" + (feats.empty() ? "no avx2" : feats) + ")";
+}
+
+double available_memory_bytes(std::string* source) {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char line[256];
+    long long kb = -1;
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) break;
+    std::fclose(f);
+    if (kb >= 0) {
+      if (source) *source = "MemAvailable in /proc/meminfo";
+      return static_cast<double>(kb) * 1024.0;
+    }
+  }
+  const long pages = ::sysconf(_SC_AVPHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) {
+    if (source) *source = "free physical pages";
+    return static_cast<double>(pages) * static_cast<double>(page);
+  }
+  return -1;
 }
 
 }  // namespace qkv

@@ -42,8 +42,9 @@ using CaptureRows = std::vector<std::vector<float>>;
 // 0, 1, ... (its positions); rows may have different lengths.
 class Session {
  public:
-  Session(const Model& model, int64_t B, int64_t Tmax, const GenerateConfig& g)
-      : cfg_(model.config()), m_(model.impl()), B_(B), Tmax_(Tmax) {
+  // name: the API function, for messages ("generate", "translate")
+  Session(const Model& model, int64_t B, int64_t Tmax, const GenerateConfig& g, const char* name)
+      : cfg_(model.config()), m_(model.impl()), name_(name), B_(B), Tmax_(Tmax) {
     tape_.recording = false;
     const bool encdec = cfg_.arch == Arch::EncoderDecoder;
     const int64_t L = encdec ? static_cast<int64_t>(m_.dec_layers.size()) : static_cast<int64_t>(m_.enc_layers.size());
@@ -55,9 +56,9 @@ class Session {
     }
     if (g.capture_attention) {
       capture_layer_ = g.attention_layer < 0 ? L + g.attention_layer : g.attention_layer;
-      check(capture_layer_ >= 0 && capture_layer_ < L, "generate: attention_layer ", g.attention_layer,
-            " is outside the model's ", L, " layers");
-      check(g.attention_head >= 0 && g.attention_head < cfg_.n_heads, "generate: attention_head ", g.attention_head,
+      check(capture_layer_ >= 0 && capture_layer_ < L, name_, ": attention_layer ", g.attention_layer,
+            " is outside the model's ", L, encdec ? " decoder layers" : " layers");
+      check(g.attention_head >= 0 && g.attention_head < cfg_.n_heads, name_, ": attention_head ", g.attention_head,
             " is outside the model's ", cfg_.n_heads, " heads");
       capture_head_ = g.attention_head;
       captured_.resize(static_cast<size_t>(B));
@@ -94,9 +95,9 @@ class Session {
   Tensor run(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos,
              const std::vector<int64_t>& last) {
     const bool uniform = std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; });
-    check(uniform || Tn == 1, "generate: internal: ragged positions need one token per step");
+    check(uniform || Tn == 1, name_, ": internal: ragged positions need one token per step");
     for (int64_t b = 0; b < B_; ++b)
-      check(pos[b] + Tn <= Tmax_, "generate: position ", pos[b] + Tn - 1, " is beyond the cache's ", Tmax_);
+      check(pos[b] + Tn <= Tmax_, name_, ": position ", pos[b] + Tn - 1, " is beyond the cache's ", Tmax_);
     nn::Context c{tape_, false, 0.0f, 0, 0};
     Var x = make_var(embed(ids, Tn, pos));
     const bool encdec = cfg_.arch == Arch::EncoderDecoder;
@@ -171,7 +172,7 @@ class Session {
     for (int64_t b = 0; b < B_; ++b)
       for (int64_t i = 0; i < Tn; ++i) {
         const int64_t id = ids[b * Tn + i], p = pos[b] + i;
-        check(id >= 0 && id < V, "generate: token id ", id, " is outside the vocabulary [0, ", V, ")");
+        check(id >= 0 && id < V, name_, ": token id ", id, " is outside the vocabulary [0, ", V, ")");
         float* row = px + (b * Tn + i) * D;
         const float* e = E.data<float>() + id * D;
         for (int64_t j = 0; j < D; ++j) row[j] = cfg_.scale_embeddings ? e[j] * s : e[j];
@@ -180,7 +181,7 @@ class Session {
           for (int64_t j = 0; j < D; ++j) row[j] += pe[j];
         } else if (cfg_.positional == Positional::Learned) {
           const Tensor& P = m_.pos_embed->value;
-          check(p < P.size(0), "generate: position ", p, " is beyond the model's max_len ", P.size(0));
+          check(p < P.size(0), name_, ": position ", p, " is beyond the model's max_len ", P.size(0));
           for (int64_t j = 0; j < D; ++j) row[j] += P.data<float>()[p * D + j];
         }
       }
@@ -291,6 +292,7 @@ class Session {
 
   const ModelConfig& cfg_;
   const Model::Impl& m_;
+  const char* name_;
   int64_t B_, Tmax_;
   Tape tape_;
   std::vector<KV> self_, cross_;
@@ -361,24 +363,42 @@ int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& histo
 
 int64_t resolve_eos(const GenerateConfig& g, const ModelConfig& c) { return g.eos_id == -2 ? c.eos_id : g.eos_id; }
 
-void check_ids(const std::vector<std::vector<int32_t>>& rows, int64_t V, const char* what) {
+void check_ids(const char* fn, const std::vector<std::vector<int32_t>>& rows, int64_t V, const char* what) {
   for (size_t b = 0; b < rows.size(); ++b) {
-    check(!rows[b].empty(), "generate: ", what, " ", b, " is empty");
+    check(!rows[b].empty(), fn, ": ", what, " ", b, " is empty");
     for (size_t i = 0; i < rows[b].size(); ++i)
-      check(rows[b][i] >= 0 && rows[b][i] < V, "generate: ", what, " ", b, " token ", i, " = ", rows[b][i],
+      check(rows[b][i] >= 0 && rows[b][i] < V, fn, ": ", what, " ", b, " token ", i, " = ", rows[b][i],
             " is outside the vocabulary [0, ", V, ")");
   }
 }
 
-void check_config(const GenerateConfig& g) {
-  check(g.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", g.max_new_tokens);
-  check(g.beam_size >= 1, "generate: beam_size must be >= 1, got ", g.beam_size);
-  check(g.sampling.temperature > 0, "generate: temperature must be > 0, got ", g.sampling.temperature);
-  check(g.sampling.top_k >= 0, "generate: top_k must be >= 0, got ", g.sampling.top_k);
-  check(g.sampling.top_p > 0 && g.sampling.top_p <= 1, "generate: top_p must be in (0, 1], got ", g.sampling.top_p);
-  check(g.sampling.repetition_penalty > 0, "generate: repetition_penalty must be > 0, got ",
+void check_config(const char* fn, const GenerateConfig& g) {
+  check(g.max_new_tokens >= 1, fn, ": max_new_tokens must be >= 1, got ", g.max_new_tokens);
+  check(g.beam_size >= 1, fn, ": beam_size must be >= 1, got ", g.beam_size);
+  check(g.sampling.temperature > 0, fn, ": temperature must be > 0, got ", g.sampling.temperature);
+  check(g.sampling.top_k >= 0, fn, ": top_k must be >= 0, got ", g.sampling.top_k);
+  check(g.sampling.top_p > 0 && g.sampling.top_p <= 1, fn, ": top_p must be in (0, 1], got ", g.sampling.top_p);
+  check(g.sampling.repetition_penalty > 0, fn, ": repetition_penalty must be > 0, got ",
         g.sampling.repetition_penalty);
-  check(g.use_cache || !g.capture_attention, "generate: attention capture needs the cache (use_cache)");
+  check(g.use_cache || !g.capture_attention, fn, ": attention capture needs the cache (use_cache)");
+  check(std::isfinite(g.length_penalty), fn, ": length_penalty must be finite, got ", g.length_penalty);
+  const bool beams = g.beam_size > 1 || g.beam_search;
+  check(g.sampling.greedy || !beams, fn, ": sampling (greedy = false) and beam search (beam_size ", g.beam_size,
+        ") exclude each other: beam search keeps the most probable continuations, it draws none");
+  const int64_t most = beams ? g.beam_size : 1;
+  check(g.num_return >= 1 && g.num_return <= most, fn, ": num_return = ", g.num_return, ", expected 1 .. ", most,
+        beams ? " (the beam size)" : " (without beam search each row has one continuation)");
+}
+
+// Every logit a decision reads is finite. A NaN or infinite logit (weights holding NaN or
+// infinity, or activations that overflow) would otherwise become an arbitrary token, often the
+// end of the sequence: an empty output reported as a result.
+void check_finite_logits(const float* z, int64_t V, const char* what, int64_t row, int64_t step) {
+  for (int64_t j = 0; j < V; ++j)
+    if (!std::isfinite(z[j]))
+      throw Error(detail::concat(what, ": the model's logits are not finite (token ", j, " of row ", row, " is ", z[j],
+                                 " at step ", step + 1,
+                                 "): its weights hold NaN or infinity, or its activations overflow"));
 }
 
 // The shared driver. Each of the B * K rows holds a sequence (prefix + generated tokens); `feed`
@@ -393,6 +413,8 @@ struct Driver {
   std::vector<std::vector<int32_t>> seq;  // (B * K): prefix + generated
   std::vector<int64_t> prefix;            // (B * K): prefix length
   bool decoder_only;
+
+  const char* name() const { return decoder_only ? "generate" : "translate"; }
 
   // Logits for the next token of every row, given that the rows' sequences grew by one token
   // since the last call (or are new when first).
@@ -427,6 +449,7 @@ struct Driver {
       for (int64_t b = 0; b < B; ++b) {
         if (done[b]) continue;
         const float* z = logits.data<float>() + b * V;
+        check_finite_logits(z, V, name(), b, step);
         const int32_t t = choose(z, V, seq[b], g.sampling, rng);
         out[b].logprob += log_softmax(z, V)[t];
         out[b].tokens.push_back(t);
@@ -477,6 +500,7 @@ struct Driver {
         for (int64_t j = 0; j < K; ++j) {
           const int64_t r = b * K + j;
           if (score[r] == kNegInfD) continue;
+          check_finite_logits(logits.data<float>() + r * V, V, name(), b, step);
           const std::vector<double> lp = log_softmax(logits.data<float>() + r * V, V);
           std::vector<int32_t> idx(static_cast<size_t>(V));
           std::iota(idx.begin(), idx.end(), 0);
@@ -533,7 +557,8 @@ struct Driver {
       for (int64_t r = 0; r < R; ++r)
         if (!grew[r]) seq[r].pop_back();
     }
-    std::vector<Generation> out(static_cast<size_t>(B));
+    const int64_t n = g.num_return;
+    std::vector<Generation> out(static_cast<size_t>(B * n));
     for (int64_t b = 0; b < B; ++b) {
       // Requests without K finished hypotheses also rank their live beams.
       if (!done[b])
@@ -545,14 +570,19 @@ struct Driver {
           if (!session.captured().empty()) att = session.captured()[r];
           finished[b].push_back({norm(score[r], toks.size()), score[r], toks, att});
         }
-      const auto best = std::max_element(finished[b].begin(), finished[b].end(),
-                                         [](const Hyp& x, const Hyp& y) { return x.score < y.score; });
-      check(best != finished[b].end(), "beam search: internal: no hypothesis");
-      out[b].tokens = best->tokens;
-      out[b].logprob = best->logprob;
-      out[b].finished = !best->tokens.empty() && best->tokens.back() == eos;
-      out[b].attention.clear();
-      attach(out[b], best->attention, prefix[b * K]);
+      // the n best, best first (ties: the earlier found)
+      std::vector<Hyp>& hyps = finished[b];
+      std::stable_sort(hyps.begin(), hyps.end(), [](const Hyp& x, const Hyp& y) { return x.score > y.score; });
+      check(static_cast<int64_t>(hyps.size()) >= n, name(), ": beam search found ", hyps.size(),
+            " hypotheses for request ", b, ", fewer than num_return = ", n);
+      for (int64_t i = 0; i < n; ++i) {
+        const Hyp& h = hyps[static_cast<size_t>(i)];
+        Generation& o = out[b * n + i];
+        o.tokens = h.tokens;
+        o.logprob = h.logprob;
+        o.finished = !h.tokens.empty() && h.tokens.back() == eos;
+        attach(o, h.attention, prefix[b * K]);
+      }
     }
     return out;
   }
@@ -581,9 +611,9 @@ std::vector<Generation> generate(const Model& model, const std::vector<std::vect
   const ModelConfig& c = model.config();
   check(c.arch == Arch::Decoder, "generate: the model is ", arch_name(c.arch),
         "; generate continues decoder-only models (use translate for encoder-decoder)");
-  check_config(g);
+  check_config("generate", g);
   if (prompts.empty()) return {};
-  check_ids(prompts, c.vocab_size, "prompt");
+  check_ids("generate", prompts, c.vocab_size, "prompt");
   const int64_t B = static_cast<int64_t>(prompts.size()), K = g.beam_size;
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
@@ -591,7 +621,7 @@ std::vector<Generation> generate(const Model& model, const std::vector<std::vect
   if (c.positional == Positional::Learned)
     check(Tmax - 1 <= c.max_len, "generate: prompt (", longest, " tokens) + max_new_tokens (", g.max_new_tokens,
           ") needs ", Tmax - 1, " positions; the model has max_len ", c.max_len);
-  Session session(model, B * K, Tmax, g);
+  Session session(model, B * K, Tmax, g, "generate");
   Driver d{model, g, c.vocab_size, resolve_eos(g, c), B, K, session, {}, {}, true};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t j = 0; j < K; ++j) {
@@ -612,9 +642,9 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
   check(c.arch == Arch::EncoderDecoder, "translate: the model is ", arch_name(c.arch), ", not encoder-decoder");
   check(c.bos_id >= 0 && c.bos_id < c.vocab_size, "translate: the model's config needs a bos_id in [0, ",
         c.vocab_size, "), got ", c.bos_id);
-  check_config(g);
+  check_config("translate", g);
   if (sources.empty()) return {};
-  check_ids(sources, c.source_vocab(), "source");
+  check_ids("translate", sources, c.source_vocab(), "source");
   const int64_t B = static_cast<int64_t>(sources.size()), K = g.beam_size, R = B * K;
   int64_t S = 0;
   for (const auto& s : sources) S = std::max<int64_t>(S, static_cast<int64_t>(s.size()));
@@ -634,7 +664,7 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
   Tape tape;
   tape.recording = false;
   const Tensor memory = model.encode(tape, src, len)->value;
-  Session session(model, R, g.max_new_tokens, g);
+  Session session(model, R, g.max_new_tokens, g, "translate");
   session.set_memory(memory, len);
   Driver d{model, g, c.vocab_size, resolve_eos(g, c), B, K, session, {}, {}, false};
   for (int64_t r = 0; r < R; ++r) {
@@ -652,16 +682,17 @@ std::vector<std::vector<float>> next_token_logprobs(const Model& model,
   const ModelConfig& c = model.config();
   check(c.arch == Arch::Decoder, "next_token_logprobs: the model is ", arch_name(c.arch), ", not decoder-only");
   if (prompts.empty()) return {};
-  check_ids(prompts, c.vocab_size, "prompt");
+  check_ids("next_token_logprobs", prompts, c.vocab_size, "prompt");
   GenerateConfig g;
   const int64_t B = static_cast<int64_t>(prompts.size());
   int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
-  Session session(model, B, longest, g);
+  Session session(model, B, longest, g, "next_token_logprobs");
   Driver d{model, g, c.vocab_size, -1, B, 1, session, prompts, {}, true};
   const Tensor logits = d.next_logits(true);
   std::vector<std::vector<float>> out;
   for (int64_t b = 0; b < B; ++b) {
+    check_finite_logits(logits.data<float>() + b * c.vocab_size, c.vocab_size, "next_token_logprobs", b, 0);
     const std::vector<double> lp = log_softmax(logits.data<float>() + b * c.vocab_size, c.vocab_size);
     out.emplace_back(lp.begin(), lp.end());
   }

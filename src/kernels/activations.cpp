@@ -165,14 +165,18 @@ void multiply_block(const float* __restrict a, const float* __restrict b, float*
 
 // ReLU and its gradient as plain loops over restrict pointers, which GCC vectorises (through the
 // generic for_each_index lambda it did not: the ReLU backward was 2% of a 2017-base training step).
+// Written as "x <= 0 ? 0 : x", not "x > 0 ? x : 0": the same for every number (-0 gives +0), but
+// a NaN fails both comparisons and so stays NaN, as in PyTorch (torch.relu(nan) = nan), instead of
+// becoming 0 and hiding NaN weights behind a finite loss. The gradient likewise passes dy where
+// x is NaN (PyTorch's threshold_backward: x <= 0 ? 0 : dy).
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void relu_forward_block(const float* __restrict x, float* __restrict y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
 __attribute__((target_clones("arch=x86-64-v3", "default")))
 void relu_backward_block(const float* __restrict x, const float* __restrict dy, float* __restrict dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) dx[i] = x[i] <= 0.0f ? 0.0f : dy[i];
 }
 
 // Runs block(begin, count) over [0, n) in blocks of 4096, in parallel when n is large enough.
@@ -240,9 +244,9 @@ void activation_forward_grad(Activation a, const float* x, float* y, float* dydx
   // x, y, dydx: (n)
   switch (a) {
     case Activation::ReLU:
-      // y <- max(x, 0);  f' <- [x > 0]
+      // y <- max(x, 0);  f' <- [x > 0]   (NaN: y = NaN, f' = 1, as relu_forward/backward_block)
       for_each_index(n, threads, [=](int64_t i) {
-        const bool on = x[i] > 0.0f;
+        const bool on = !(x[i] <= 0.0f);
         y[i] = on ? x[i] : 0.0f;
         dydx[i] = on ? 1.0f : 0.0f;
       });

@@ -49,8 +49,11 @@ inline KeyRange key_range(const AttnShape& s, const MaskParams& m, int64_t b, in
   const int64_t p = query_pos(s, m, i);
   if (m.causal) hi = std::min(hi, p + 1);
   if (m.window > 0) {
-    lo = std::max(lo, p - m.window + 1);
-    if (!m.causal) hi = std::min(hi, p + m.window);
+    // lo <- max(lo, p - window + 1);  hi <- min(hi, p + window) (not causal). The sums are only
+    // formed where they lie inside [lo, hi], so a window near INT64_MAX cannot overflow: a
+    // window reaching past both ends of the keys is no window.
+    if (m.window <= p - lo) lo = p - m.window + 1;
+    if (!m.causal && m.window < hi - p) hi = p + m.window;
   }
   if (hi < lo) hi = lo;
   return {lo, hi};

@@ -21,15 +21,18 @@ constexpr int64_t kBlock = 32 * W;
 }  // namespace
 
 float row_max(const float* z, int64_t n) {
-  // m <- max_j z_j, W lanes then the tail
+  // m <- max_j z_j, W lanes then the tail; NaN when any z_j is NaN (as torch.max), where a plain
+  // "a > b ? a : b" would keep or drop a NaN depending on where it sits
+  const auto max_nan = [](auto a, auto b) { return a > b || a != a ? a : b; };
   int64_t j = 0;
   float m = n > 0 ? z[0] : 0.0f;
   if (n >= W) {
     vf mv = simd::load(z);
-    for (j = W; j + W <= n; j += W) mv = simd::vmax(mv, simd::load(z + j));
-    m = simd::hmax(mv);
+    for (j = W; j + W <= n; j += W) mv = max_nan(mv, simd::load(z + j));
+    m = mv[0];
+    for (int l = 1; l < W; ++l) m = max_nan(m, mv[l]);
   }
-  for (; j < n; ++j) m = z[j] > m ? z[j] : m;
+  for (; j < n; ++j) m = max_nan(z[j], m);  // argument orders as before: the same bits for -0 vs +0
   return m;
 }
 

@@ -1,11 +1,13 @@
 // ModelConfig: validation and config.json (strict: unknown keys and wrong types are errors).
 #include <cmath>
-#include <fstream>
+#include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "io/json_strict.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/model.h"
@@ -58,6 +60,9 @@ E parse_enum(const Names<E> (&table)[N], const json& j, const std::string& key, 
 
 int64_t get_int(const json& j, const std::string& key, const std::string& source) {
   check(j.is_number_integer(), source, ": \"", key, "\" must be an integer, got ", j.dump());
+  // nlohmann keeps integers above INT64_MAX as unsigned; get<int64_t> would wrap them
+  check(!j.is_number_unsigned() || j.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
+        source, ": \"", key, "\" is ", j.dump(), ", beyond any size a model can have");
   return j.get<int64_t>();
 }
 double get_num(const json& j, const std::string& key, const std::string& source) {
@@ -77,39 +82,51 @@ const char* arch_name(Arch a) { return name_of(kArch, a); }
 const char* positional_name(Positional p) { return name_of(kPos, p); }
 
 void ModelConfig::validate() const {
-  auto positive = [](int64_t v, const char* name) { check(v >= 1, "config: ", name, " must be >= 1, got ", v); };
-  positive(vocab_size, "vocab_size");
-  positive(d_model, "d_model");
-  positive(n_heads, "n_heads");
-  positive(d_ff, "d_ff");
-  check(src_vocab_size >= 0, "config: src_vocab_size must be >= 0");
-  check(n_kv_heads >= 0 && kv_heads() <= n_heads && n_heads % kv_heads() == 0, "config: n_kv_heads = ", kv_heads(),
+  // Sizes are bounded so that every product of two of them fits in 64 bits (what a config
+  // implies in memory is checked when a Model is built); ids are int32, as token ids are.
+  constexpr int64_t kMaxSize = int64_t{1} << 40, kMaxId = std::numeric_limits<int32_t>::max();
+  auto in_range = [](int64_t v, int64_t lo, int64_t hi, const char* name, const char* note = "") {
+    check(v >= lo && v <= hi, "config: ", name, " must be in [", lo, ", ", hi, "]", note, ", got ", v);
+  };
+  in_range(vocab_size, 1, kMaxId, "vocab_size");
+  in_range(src_vocab_size, 0, kMaxId, "src_vocab_size", " (0: vocab_size)");
+  in_range(d_model, 1, kMaxSize, "d_model");
+  in_range(n_heads, 1, kMaxSize, "n_heads");
+  in_range(n_kv_heads, 0, kMaxSize, "n_kv_heads", " (0: n_heads)");
+  in_range(d_ff, 1, kMaxSize, "d_ff");
+  in_range(d_k, 0, kMaxSize, "d_k", " (0: d_model / n_heads)");
+  in_range(d_v, 0, kMaxSize, "d_v", " (0: d_k)");
+  check(kv_heads() <= n_heads && n_heads % kv_heads() == 0, "config: n_kv_heads = ", kv_heads(),
         " must divide n_heads = ", n_heads);
-  check(d_k >= 0 && d_v >= 0, "config: d_k and d_v must be >= 0");
   check(d_k > 0 || d_model % n_heads == 0, "config: d_model = ", d_model, " is not divisible by n_heads = ", n_heads,
         "; set d_k");
-  positive(head_dim_k(), "d_k");
+  check(head_dim_k() >= 1, "config: d_k must be >= 1, got ", head_dim_k(), " (d_model / n_heads)");
+  // the projections' widths n_heads * d_k and n_heads * d_v (both <= 2^40, so no overflow here)
+  check(n_heads <= kMaxSize / head_dim_k(), "config: n_heads * d_k = ", n_heads, " * ", head_dim_k(),
+        " is more than ", kMaxSize);
+  check(n_heads <= kMaxSize / head_dim_v(), "config: n_heads * d_v = ", n_heads, " * ", head_dim_v(),
+        " is more than ", kMaxSize);
   check(positional != Positional::Rope || head_dim_k() % 2 == 0, "config: rope needs an even d_k, got ", head_dim_k());
-  check(rope_theta > 0, "config: rope_theta must be > 0");
-  check(norm_eps > 0, "config: norm_eps must be > 0");
+  check(std::isfinite(rope_theta) && rope_theta > 0, "config: rope_theta must be finite and > 0, got ", rope_theta);
+  check(std::isfinite(norm_eps) && norm_eps > 0, "config: norm_eps must be finite and > 0, got ", norm_eps);
   check(dropout >= 0 && dropout < 1, "config: dropout must be in [0, 1), got ", dropout);
-  check(init_std >= 0, "config: init_std must be >= 0");
-  check(positional != Positional::Learned || max_len >= 1, "config: learned positions need max_len >= 1");
-  check(max_len >= 0, "config: max_len must be >= 0");
+  check(std::isfinite(init_std) && init_std >= 0, "config: init_std must be finite and >= 0, got ", init_std);
+  in_range(max_len, positional == Positional::Learned ? 1 : 0, kMaxSize, "max_len",
+           positional == Positional::Learned ? " (the learned positions' table)" : "");
   check(pad_id >= -1 && pad_id < std::max(vocab_size, source_vocab()), "config: pad_id ", pad_id,
         " is outside the vocabulary");
   check(bos_id >= -1 && bos_id < vocab_size, "config: bos_id ", bos_id, " is outside the vocabulary");
   check(eos_id >= -1 && eos_id < vocab_size, "config: eos_id ", eos_id, " is outside the vocabulary");
   switch (arch) {
-    case Arch::Decoder: positive(n_layers, "n_layers"); break;
+    case Arch::Decoder: in_range(n_layers, 1, kMaxSize, "n_layers"); break;
     case Arch::EncoderClassifier:
-      positive(n_layers, "n_layers");
-      positive(num_classes, "num_classes");
+      in_range(n_layers, 1, kMaxSize, "n_layers");
+      in_range(num_classes, 1, kMaxId, "num_classes");
       check(!tie_embeddings, "config: tie_embeddings does not apply to encoder-classifier");
       break;
     case Arch::EncoderDecoder:
-      positive(n_encoder_layers, "n_encoder_layers");
-      positive(n_decoder_layers, "n_decoder_layers");
+      in_range(n_encoder_layers, 1, kMaxSize, "n_encoder_layers");
+      in_range(n_decoder_layers, 1, kMaxSize, "n_decoder_layers");
       break;
   }
 }
@@ -157,13 +174,8 @@ std::string ModelConfig::to_json() const {
 }
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(detail::concat(source, ": not valid JSON: ", e.what()));
-  }
-  check(j.is_object(), source, ": expected a JSON object");
+  // A key given twice is an error (nlohmann::json alone would keep the last value silently).
+  const json j = detail::parse_json_object(text, source);
   ModelConfig c;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();

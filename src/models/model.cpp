@@ -6,13 +6,16 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "kernels/positional.h"
 #include "models/model_impl.h"
 #include "nn/layers.h"
+#include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "qkv/npy.h"
 #include "qkv/rng.h"
@@ -43,6 +46,8 @@ void check_ids(const Tensor& ids, const char* what) {
   check(ids.dim() == 2, "batch: ", what, " must be (B, T), got ", shape_str(ids.shape()));
   check(ids.dtype() == DType::I64 || ids.dtype() == DType::I32, "batch: ", what, " must be int32 or int64, got ",
         ids.describe());
+  check(ids.size(0) >= 1 && ids.size(1) >= 1, "batch: ", what, " ", shape_str(ids.shape()),
+        " is empty: expected at least one row of at least one token");
 }
 
 AttentionSpec self_spec(const ModelConfig& cfg, bool causal, const Tensor& lengths) {
@@ -61,19 +66,20 @@ nn::Context context(Tape& tape, const ModelConfig& cfg, const ForwardOptions& op
 
 }  // namespace
 
-Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
-  config_.validate();
-  const ModelConfig& c = config_;
-  Impl& m = *impl_;
-  nn::Registry r{&params_, &m.inits};
+namespace {
+
+// The parameters of a model with `enc` layers in its first stack (the decoder-only model's or
+// classifier's layers, or the encoder's) and `dec` decoder layers, in order, through r. The
+// constructor builds them; parameter_count plans with a counting registry.
+void build(const ModelConfig& c, Model::Impl& m, nn::Registry& r, int64_t enc, int64_t dec) {
   const int64_t D = c.d_model;
   auto layer_list = [](const std::string& prefix, int64_t i) { return prefix + "layers." + std::to_string(i) + "."; };
   switch (c.arch) {
     case Arch::Decoder:
       m.embed = r.add("embed.weight", {c.vocab_size, D}, false, nn::Init::Embedding);
       if (c.positional == Positional::Learned) m.pos_embed = r.add("pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-      m.enc_layers.resize(static_cast<size_t>(c.n_layers));
-      for (int64_t i = 0; i < c.n_layers; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("", i), c);
+      m.enc_layers.resize(static_cast<size_t>(enc));
+      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("", i), c);
       if (c.final_norm) {
         m.enc_norm.create(r, "norm", D, c.norm, c.norm_eps);
         m.has_enc_norm = true;
@@ -83,8 +89,8 @@ Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_u
     case Arch::EncoderClassifier:
       m.embed = r.add("embed.weight", {c.vocab_size, D}, false, nn::Init::Embedding);
       if (c.positional == Positional::Learned) m.pos_embed = r.add("pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-      m.enc_layers.resize(static_cast<size_t>(c.n_layers));
-      for (int64_t i = 0; i < c.n_layers; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
+      m.enc_layers.resize(static_cast<size_t>(enc));
+      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
       if (c.final_norm) {
         m.enc_norm.create(r, "encoder.norm", D, c.norm, c.norm_eps);
         m.has_enc_norm = true;
@@ -98,14 +104,14 @@ Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_u
         m.src_pos_embed = r.add("src_pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
         m.pos_embed = r.add("tgt_pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
       }
-      m.enc_layers.resize(static_cast<size_t>(c.n_encoder_layers));
-      for (int64_t i = 0; i < c.n_encoder_layers; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
+      m.enc_layers.resize(static_cast<size_t>(enc));
+      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
       if (c.final_norm) {
         m.enc_norm.create(r, "encoder.norm", D, c.norm, c.norm_eps);
         m.has_enc_norm = true;
       }
-      m.dec_layers.resize(static_cast<size_t>(c.n_decoder_layers));
-      for (int64_t i = 0; i < c.n_decoder_layers; ++i) m.dec_layers[static_cast<size_t>(i)].create(r, layer_list("decoder.", i), c);
+      m.dec_layers.resize(static_cast<size_t>(dec));
+      for (int64_t i = 0; i < dec; ++i) m.dec_layers[static_cast<size_t>(i)].create(r, layer_list("decoder.", i), c);
       if (c.final_norm) {
         m.dec_norm.create(r, "decoder.norm", D, c.norm, c.norm_eps);
         m.has_dec_norm = true;
@@ -113,6 +119,102 @@ Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_u
       m.lm_head = c.tie_embeddings ? m.embed : r.add("lm_head.weight", {c.vocab_size, D}, true, nn::Init::Normal);
       break;
   }
+}
+
+int64_t first_stack_layers(const ModelConfig& c) {
+  return c.arch == Arch::EncoderDecoder ? c.n_encoder_layers : c.n_layers;
+}
+
+// What a config's parameters come to: outside the layers, per first-stack layer and per decoder
+// layer, each counted by planning the real construction.
+struct ParameterPlan {
+  double base = 0, per_layer = 0, per_dec_layer = 0;
+  double total(const ModelConfig& c) const {
+    return base + per_layer * static_cast<double>(first_stack_layers(c)) +
+           (c.arch == Arch::EncoderDecoder ? per_dec_layer * static_cast<double>(c.n_decoder_layers) : 0.0);
+  }
+};
+ParameterPlan plan_parameters(const ModelConfig& c) {
+  auto count = [&](int64_t enc, int64_t dec) {
+    double n = 0;
+    Model::Impl m;
+    nn::Registry r{nullptr, nullptr, &n};
+    build(c, m, r, enc, dec);
+    return n;
+  };
+  ParameterPlan p;
+  p.base = count(0, 0);
+  p.per_layer = count(1, 0) - p.base;
+  if (c.arch == Arch::EncoderDecoder) p.per_dec_layer = count(0, 1) - p.base;
+  return p;
+}
+
+std::string fmt_bytes(double b) {
+  const char* unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (b >= 1024 && u < 6) b /= 1024, ++u;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, unit[u]);
+  return buf;
+}
+
+std::string fmt_count(double n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, n < 1e9 ? "%.0f" : "%.3g", n);
+  return buf;
+}
+
+// Where most of a config's parameters sit, naming the keys: "n_layers = 10000 layers of
+// 3152384 parameters each, mostly the feed-forward (d_ff = 2048 x d_model = 512)".
+std::string largest_part(const ModelConfig& c, const ParameterPlan& p) {
+  const double enc = p.per_layer * static_cast<double>(first_stack_layers(c));
+  const double dec = c.arch == Arch::EncoderDecoder ? p.per_dec_layer * static_cast<double>(c.n_decoder_layers) : 0.0;
+  if (p.base > enc && p.base > dec)
+    return detail::concat("the embeddings and output layer (vocab_size = ", c.vocab_size,
+                          c.arch == Arch::EncoderDecoder ? detail::concat(", src_vocab_size = ", c.source_vocab()) : "",
+                          ", d_model = ", c.d_model,
+                          c.positional == Positional::Learned ? detail::concat(", max_len = ", c.max_len) : "", ")");
+  const bool in_dec = dec > enc;
+  const int64_t layers = in_dec ? c.n_decoder_layers : first_stack_layers(c);
+  const double per = in_dec ? p.per_dec_layer : p.per_layer;
+  // a layer's feed-forward: linear1 (inner x d_model) and linear2 (d_model x d_ff)
+  const double ff = (c.activation == FeedForward::SwiGLU ? 3.0 : 2.0) * static_cast<double>(c.d_ff) *
+                    static_cast<double>(c.d_model);
+  const std::string bulk =
+      ff >= per / 2 ? detail::concat("the feed-forward (d_ff = ", c.d_ff, " x d_model = ", c.d_model, ")")
+                    : detail::concat("attention (n_heads = ", c.n_heads, ", d_k = ", c.head_dim_k(), ", d_v = ",
+                                     c.head_dim_v(), ", d_model = ", c.d_model, ")");
+  const char* key = in_dec ? "n_decoder_layers" : c.arch == Arch::EncoderDecoder ? "n_encoder_layers" : "n_layers";
+  return detail::concat(key, " = ", layers, layers == 1 ? " layer" : " layers", " of ", fmt_count(per),
+                        " parameters each, mostly ", bulk);
+}
+
+// Refuses a config whose float32 weights alone exceed the memory available, before anything is
+// allocated, naming the keys behind the largest part (a huge n_layers or d_ff otherwise ran the
+// machine out of memory layer by layer, or failed in the allocator with a bare size).
+void check_fits_in_memory(const ModelConfig& c) {
+  const ParameterPlan p = plan_parameters(c);
+  const double n = p.total(c), bytes = 4.0 * n;
+  std::string source;
+  const double avail = available_memory_bytes(&source);
+  if (avail < 0 || bytes <= avail) return;
+  throw Error(detail::concat("config: the model would have ", fmt_count(n), " parameters, ", fmt_bytes(bytes),
+                             " as float32, more than the ", fmt_bytes(avail), " of memory available (", source,
+                             "); most of them in ", largest_part(c, p)));
+}
+
+}  // namespace
+
+double Model::parameter_count(const ModelConfig& config) {
+  config.validate();
+  return plan_parameters(config).total(config);
+}
+
+Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
+  config_.validate();
+  check_fits_in_memory(config_);
+  nn::Registry r{&params_, &impl_->inits};
+  build(config_, *impl_, r, first_stack_layers(config_), config_.arch == Arch::EncoderDecoder ? config_.n_decoder_layers : 0);
 }
 
 Model::~Model() = default;
@@ -235,6 +337,62 @@ Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) con
   return m.classifier(c, pooled);
 }
 
+void Model::check_batch(const Batch& b, const BatchNames& names) const {
+  const ModelConfig& c = config_;
+  const bool encdec = c.arch == Arch::EncoderDecoder;
+  // ids: (B, T) int ids in [0, vocab), within max_len for learned positions
+  auto ids = [&](const Tensor& t, const std::string& name, int64_t vocab) {
+    check(t.dtype() == DType::I64 || t.dtype() == DType::I32, name, ": expected int32 or int64 token ids, got ",
+          t.describe());
+    check(t.dim() == 2, name, ": expected token ids shaped (B, T), got ", shape_str(t.shape()));
+    check(t.size(0) >= 1 && t.size(1) >= 1, name, ": ", shape_str(t.shape()),
+          " is empty: expected at least one row of at least one token");
+    check(c.positional != Positional::Learned || t.size(1) <= c.max_len, name, ": rows of ", t.size(1),
+          " tokens exceed the model's max_len ", c.max_len, " (its learned positions)");
+    const Tensor v = ops::as_ids(t, name.c_str());
+    const int64_t* p = v.data<int64_t>();
+    for (int64_t i = 0; i < v.numel(); ++i)
+      check(p[i] >= 0 && p[i] < vocab, name, ": token id ", p[i], " at (", i / t.size(1), ", ", i % t.size(1),
+            ") is outside the vocabulary [0, ", vocab, ")");
+  };
+  check(b.input.defined(), names.input, ": missing");
+  ids(b.input, names.input, encdec ? c.source_vocab() : c.vocab_size);
+  const int64_t B = b.input.size(0), T = b.input.size(1);
+  if (b.input_lengths.defined()) {
+    const Tensor& l = b.input_lengths;
+    check(l.dim() == 1 && l.size(0) == B, names.input_lengths, ": expected (B) = (", B, ") lengths, one per row of ",
+          names.input, ", got ", l.describe());
+    const Tensor v = ops::as_ids(l, names.input_lengths.c_str());
+    for (int64_t i = 0; i < B; ++i)
+      check(v.data<int64_t>()[i] >= 0 && v.data<int64_t>()[i] <= T, names.input_lengths, ": length ",
+            v.data<int64_t>()[i], " of row ", i, " is outside [0, ", T, "]");
+  }
+  if (encdec) {
+    check(b.decoder_input.defined(), names.decoder_input, ": an encoder-decoder model needs the decoder's input");
+    ids(b.decoder_input, names.decoder_input, c.vocab_size);
+    check(b.decoder_input.size(0) == B, names.decoder_input, ": ", b.decoder_input.size(0), " rows, but ",
+          names.input, " has ", B);
+  } else {
+    check(!b.decoder_input.defined(), names.decoder_input, ": only an encoder-decoder model takes a decoder input; this is ",
+          arch_name(c.arch));
+  }
+  if (!b.target.defined()) return;
+  const Tensor& t = b.target;
+  const bool cls = c.arch == Arch::EncoderClassifier;
+  const std::vector<int64_t> want = cls ? std::vector<int64_t>{B} : (encdec ? b.decoder_input : b.input).shape();
+  check(t.dtype() == DType::I64 || t.dtype() == DType::I32, names.target, ": expected int32 or int64 ",
+        cls ? "labels" : "token ids", ", got ", t.describe());
+  check(t.shape() == want, names.target, ": expected ", cls ? "one label per row, " : "one next token per position, ",
+        shape_str(want), ", got ", shape_str(t.shape()));
+  const int64_t classes = cls ? c.num_classes : c.vocab_size, ignore = cls ? -100 : (c.pad_id >= 0 ? c.pad_id : -100);
+  const Tensor v = ops::as_ids(t, names.target.c_str());
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    const int64_t x = v.data<int64_t>()[i];
+    check((x >= 0 && x < classes) || x == ignore, names.target, ": ", x, " at flat index ", i, " is neither a ",
+          cls ? "class in [0, " : "token in [0, ", classes, ") nor the ignored id ", ignore);
+  }
+}
+
 Var Model::loss(Tape& tape, const Var& logits, const Batch& batch, float label_smoothing, int64_t* n_counted) const {
   check(batch.target.defined(), "batch: target is missing (needed for the loss)");
   const int64_t ignore = config_.arch == Arch::EncoderClassifier ? -100 : (config_.pad_id >= 0 ? config_.pad_id : -100);
@@ -313,7 +471,15 @@ Model Model::load(const std::string& dir) {
   const std::string cfg_path = dir + "/config.json", w_path = dir + "/model.safetensors";
   check(::stat(cfg_path.c_str(), &st) == 0, dir, ": not a model directory: config.json is missing");
   check(::stat(w_path.c_str(), &st) == 0, dir, ": not a model directory: model.safetensors is missing");
-  Model m(ModelConfig::load(cfg_path));
+  const ModelConfig cfg = ModelConfig::load(cfg_path);
+  // The weights file must hold at least 4 bytes per parameter (float32; float64 is larger): a
+  // config that implies more belongs to another model, and is refused before allocating it.
+  const ParameterPlan plan = plan_parameters(cfg);
+  const double n = plan.total(cfg);
+  check(4.0 * n <= static_cast<double>(st.st_size), cfg_path, ": the config implies ", fmt_count(n), " parameters (",
+        fmt_bytes(4.0 * n), " as float32, most of them in ", largest_part(cfg, plan), "), but ", w_path,
+        " holds only ", fmt_bytes(static_cast<double>(st.st_size)), ": the two files do not belong together");
+  Model m(cfg);
   SafetensorsFile f = read_safetensors(w_path);
   try {
     m.load_state_dict(f.tensors);

@@ -6,6 +6,12 @@
 namespace qkv::nn {
 
 Var Registry::add(const std::string& name, std::vector<int64_t> shape, bool decay, Init init) {
+  if (count) {
+    double n = 1;
+    for (int64_t d : shape) n *= static_cast<double>(d);
+    *count += n;
+    return nullptr;
+  }
   Var v = make_var(Tensor(std::move(shape), DType::F32), true);
   params->push_back({name, v, decay});
   inits->push_back(init);

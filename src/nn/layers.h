@@ -22,9 +22,12 @@ enum class Init {
 };
 
 // Creates named parameters (zero-filled) in a model's list, in order, with their init rule.
+// With `count` set it only plans: add() adds the parameter's element count there (in double, so
+// no size overflows) and allocates nothing, returning an empty Var.
 struct Registry {
   std::vector<Parameter>* params;
   std::vector<Init>* inits;
+  double* count = nullptr;
   Var add(const std::string& name, std::vector<int64_t> shape, bool decay, Init init);
 };
 
