@@ -8,41 +8,6 @@ set(w "${WORK}")
 file(REMOVE_RECURSE "${w}")
 file(MAKE_DIRECTORY "${w}")
 
-# expect_error(what needle args...): qkv --threads 1 args... exits with 2, and its stderr ends in
-# one line "qkv: error: ..." containing needle, the only error line.
-function(expect_error_stdin what needle input)
-  execute_process(COMMAND ${QKV} --threads 1 ${ARGN} INPUT_FILE ${input} RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                  ERROR_VARIABLE err)
-  if(NOT rc EQUAL 2)
-    message(FATAL_ERROR "${what}: qkv ${ARGN}: exit code ${rc}, expected 2\nstdout: ${out}\nstderr: ${err}")
-  endif()
-  # the error is one line, the last (a report line such as eval's may come before it)
-  string(REGEX MATCHALL "qkv: error:" errors "${err}")
-  list(LENGTH errors n)
-  if(NOT err MATCHES "(^|\n)qkv: error: [^\n]*\n$" OR NOT n EQUAL 1)
-    message(FATAL_ERROR "${what}: qkv ${ARGN}: expected one line 'qkv: error: ...' on stderr, got:\n${err}")
-  endif()
-  expect_contains("${err}" "${needle}" "${what}")
-  set(last_err "${err}" PARENT_SCOPE)
-endfunction()
-function(expect_error what needle)
-  expect_error_stdin("${what}" "${needle}" /dev/null ${ARGN})
-  set(last_err "${last_err}" PARENT_SCOPE)
-endfunction()
-function(expect_not_contains text needle what)
-  string(FIND "${text}" "${needle}" pos)
-  if(NOT pos EQUAL -1)
-    message(FATAL_ERROR "${what}: did not expect '${needle}' in:\n${text}")
-  endif()
-endfunction()
-# lines(var text): the lines of text (a trailing newline ends the last), empty ones kept
-function(lines var text)
-  string(REGEX REPLACE "\n$" "" text "${text}")
-  string(REPLACE ";" "\\;" text "${text}")
-  string(REPLACE "\n" ";" text "${text}")
-  set(${var} "${text}" PARENT_SCOPE)
-endfunction()
-
 # write_npy(path descr shape bytes): a .npy file, version 1.0, `bytes` as printf escapes (\xHH).
 function(write_npy path descr shape bytes)
   set(dict "{'descr': '${descr}', 'fortran_order': False, 'shape': ${shape}, }")
@@ -336,9 +301,9 @@ run_qkv(0 out err --threads 1 generate --model "${w}/lm_endless" --prompt "one" 
 string(REGEX MATCHALL "end of the model's learned positions" said "${err}")
 list(LENGTH said n)
 if(NOT n EQUAL 1)
-  message(FATAL_ERROR "generate --max-len 200 on a 128-position model: expected one note on stderr, got:\n${err}")
+  message(FATAL_ERROR "generate --max-len 200 on a 16-position model (trained with --max-len 16): expected one note on stderr, got:\n${err}")
 endif()
-expect_contains("${err}" "max_len 128" "the note names the table's size")
+expect_contains("${err}" "max_len 16" "the note names the table's size")
 run_qkv(0 out err --threads 1 generate --model "${w}/lm_endless" --prompt "one" --max-len 5)
 expect_not_contains("${err}" "learned positions" "no note when the table is not reached")
 
@@ -438,7 +403,13 @@ expect_error("attend with mismatched heads" "--q ${w}/q.npy, --k ${w}/k7.npy, --
 # a classifier whose task.json lists fewer labels than config.json's classes
 file(COPY "${w}/cls/" DESTINATION "${w}/cls_short")
 file(WRITE "${w}/cls_short/task.json" [=[{"task": "classify", "labels": ["even"], "max_len": 64}]=])
-expect_error_stdin("classify with too few labels" "task.json lists 1 labels, but config.json's num_classes is 2"
+expect_error_stdin("classify with one label" "task.json: a classify model needs a \"labels\" array of at least 2"
                    "${w}/src.txt" classify --model "${w}/cls_short")
+file(WRITE "${w}/cls_short/task.json" [=[{"task": "classify", "labels": ["even", "odd", "other"], "max_len": 64}]=])
+expect_error_stdin("classify with too many labels" "task.json lists 3 labels, but config.json's num_classes is 2"
+                   "${w}/src.txt" classify --model "${w}/cls_short")
+file(WRITE "${w}/cls_short/task.json" [=[{"task": "classify", "labels": ["even", "even"], "max_len": 64}]=])
+expect_error_stdin("classify with a label twice" "label \"even\" appears twice" "${w}/src.txt" classify
+                   --model "${w}/cls_short")
 
 file(REMOVE_RECURSE "${w}")

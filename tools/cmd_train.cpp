@@ -77,7 +77,7 @@ ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tok
         c.positional = Positional::Learned;
         c.activation = FeedForward::Gelu;
         c.tie_embeddings = true;
-        c.max_len = p.max_len;
+        c.max_len = o.max_len;  // the learned table holds exactly the window (--max-len)
         break;
       case Task::Classify:
         c.arch = Arch::EncoderClassifier;
@@ -227,7 +227,7 @@ std::unique_ptr<Tokenizer> train_tokenizer(const RawData& train_raw, const Sente
       long long vocab = 0, chars = 0;
       if (std::sscanf(what.c_str() + at + 29, "%lld vs %lld", &vocab, &chars) == 2)
         fail("--vocab ", so.vocab_size, " is too small for ", train_raw.describe(), ": its characters alone need ",
-             chars, " pieces; give --vocab ", chars + 1, " or more (or --tokenizer byte)");
+             chars, " pieces; give --vocab ", chars, " or more (or --tokenizer byte)");
     }
     throw;
   }
@@ -274,7 +274,20 @@ int run(Options o) {
   // data -> split
   const RawData all = read_task_data(task, o.data, o.source, o.target);
   std::fprintf(stderr, "qkv train: %s\n", all.report.summary(all.path).c_str());
-  const SplitIndices split = split_indices(all.size(), o.valid_fraction, o.test_fraction, o.seed);
+  // A corpus too small for its held-out splits trains on what it has: the test split goes
+  // first, then the validation split (train.json keeps what was used, so --resume agrees).
+  const int64_t n_all = all.size();
+  if (o.test_fraction > 0 && held_out_count(n_all, o.valid_fraction) + held_out_count(n_all, o.test_fraction) >= n_all) {
+    std::fprintf(stderr, "qkv train: note: %s has %lld records, too few to hold out a test split as well: no test split\n",
+                 all.path.c_str(), static_cast<long long>(n_all));
+    o.test_fraction = 0;
+  }
+  if (o.valid_fraction > 0 && held_out_count(n_all, o.valid_fraction) >= n_all) {
+    std::fprintf(stderr, "qkv train: note: %s has %lld record(s), too few to hold out a validation split: none\n",
+                 all.path.c_str(), static_cast<long long>(n_all));
+    o.valid_fraction = 0;
+  }
+  const SplitIndices split = split_indices(n_all, o.valid_fraction, o.test_fraction, o.seed);
   RawData train_raw = subset(all, split.train), valid_raw = subset(all, split.valid), test_raw = subset(all, split.test);
   train_raw.part = "training split";
   valid_raw.part = "validation split";
@@ -386,7 +399,7 @@ int run(Options o) {
     if (n_test > 0) {
       write_task_data(task, test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
     } else {
-      std::fprintf(stderr, "qkv train: note: no test split (--test-fraction 0): qkv eval will need --data FILE\n");
+      std::fprintf(stderr, "qkv train: note: no test split: qkv eval will need --data FILE\n");
     }
     tok->save(o.out);
     TaskInfo info;

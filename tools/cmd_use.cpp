@@ -49,20 +49,32 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   return {std::move(m), std::move(tok), std::move(info), dir};
 }
 
-// Input lines: --input FILE, or standard input.
+// Input lines: --input FILE, or standard input, one output per line (none is skipped, so the
+// outputs stay aligned). Each must be valid UTF-8: an error names the input and the line.
 std::vector<std::string> input_lines(const std::string& input) {
   std::vector<std::string> lines;
+  const std::string name = input.empty() ? std::string("standard input") : "--input " + input;
+  auto take = [&](std::string l, int64_t n) {
+    if (const std::string why = utf8_problem(l); !why.empty()) fail(name, ", line ", n, ": ", why);
+    lines.push_back(std::move(l));
+  };
+  std::string l;
   if (!input.empty()) {
-    ReadReport r;
-    lines = read_lines(input, &r);
+    LineReader in(input);
+    while (in.next(l)) take(std::move(l), in.line_number());
   } else {
-    std::string l;
-    while (std::getline(std::cin, l)) {
+    for (int64_t n = 1; std::getline(std::cin, l); ++n) {
       if (!l.empty() && l.back() == '\r') l.pop_back();
-      lines.push_back(l);
+      take(std::move(l), n);
     }
   }
   return lines;
+}
+
+// A text given on the command line, checked like an input line.
+const std::string& checked_text(const std::string& text, const char* option) {
+  if (const std::string why = utf8_problem(text); !why.empty()) fail(option, ": ", why);
+  return text;
 }
 
 struct DecodeOptions {
@@ -311,7 +323,7 @@ Runner add_generate(CLI::App& app) {
     const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
     const ModelConfig& mc = L.model.config();
     o->d.check_map(mc.n_layers, mc.n_heads);
-    std::vector<int32_t> prompt = L.tok->encode(o->prompt);
+    std::vector<int32_t> prompt = L.tok->encode(checked_text(o->prompt, "--prompt"));
     if (prompt.empty() || L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
     const int64_t want = o->d.max_len > 0 ? o->d.max_len : 100;
     int64_t max_new = want;
@@ -417,7 +429,11 @@ Runner add_eval(CLI::App& app) {
     }
     const Loaded L = load_model_dir(o->model, info.task, "eval");
     std::string data = o->data;
-    if (data.empty()) data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");
+    if (data.empty()) {
+      data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");
+      check(fs::exists(data), "--model ", o->model, " has no held-out test split (", data,
+            " is missing: trained with --test-fraction 0?); give --data FILE");
+    }
     RawData raw = read_task_data(info.task, data, "", "");
     // the file as read, then what --limit keeps of it
     std::string summary = raw.report.summary(data);
@@ -483,7 +499,7 @@ Runner add_tokenize(CLI::App& app) {
     const std::unique_ptr<Tokenizer> tok = load_tokenizer(o->model);
     std::vector<std::string> lines;
     if (!o->text.empty()) {
-      lines.push_back(o->text);
+      lines.push_back(checked_text(o->text, "--text"));
     } else {
       lines = input_lines("");
     }

@@ -94,6 +94,9 @@ std::vector<std::string> read_lines(const std::string& path, ReadReport* report 
 
 // ---- splits and batches --------------------------------------------------------------------
 
+// How many of n records a held-out fraction takes: round(n f), at least 1 when f > 0, at most n.
+int64_t held_out_count(int64_t n, double fraction);
+
 struct SplitIndices {
   std::vector<int64_t> train, valid, test;  // each sorted ascending; together a partition of [0, n)
 };

@@ -228,19 +228,20 @@ std::vector<std::string> read_lines(const std::string& path, ReadReport* report)
 
 // ---- splits and batches --------------------------------------------------------------------
 
+int64_t held_out_count(int64_t n, double fraction) {
+  // count <- round(n f), at least 1 when f > 0, at most n
+  int64_t c = static_cast<int64_t>(std::llround(static_cast<double>(n) * fraction));
+  if (fraction > 0.0) c = std::max<int64_t>(c, 1);
+  return std::min(c, n);
+}
+
 SplitIndices split_indices(int64_t n, double valid_fraction, double test_fraction, uint64_t seed) {
   check(n >= 1, "split_indices: n = ", n, " examples, expected n >= 1");
   for (auto [name, f] : {std::pair{"valid_fraction", valid_fraction}, std::pair{"test_fraction", test_fraction}})
     check(std::isfinite(f) && f >= 0.0 && f < 1.0, "split_indices: ", name, " = ", f, ", expected 0 <= f < 1");
   check(valid_fraction + test_fraction < 1.0, "split_indices: valid_fraction + test_fraction = ",
         valid_fraction + test_fraction, ", expected < 1 (something must be left to train on)");
-  // count(f) <- round(n f), at least 1 when f > 0
-  auto count = [n](double f) {
-    int64_t c = static_cast<int64_t>(std::llround(static_cast<double>(n) * f));
-    if (f > 0.0) c = std::max<int64_t>(c, 1);
-    return std::min(c, n);
-  };
-  const int64_t n_valid = count(valid_fraction), n_test = count(test_fraction);
+  const int64_t n_valid = held_out_count(n, valid_fraction), n_test = held_out_count(n, test_fraction);
   check(n_valid + n_test < n, "split_indices: n = ", n, " examples cannot give ", n_valid, " valid and ", n_test,
         " test examples and still leave one to train on");
   // perm <- Fisher-Yates permutation of [0, n) with Rng(seed)

@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "qkv/error.h"
-#include "qkv/npy.h"  // write_file_atomic
+#include "qkv/files.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv {
@@ -18,6 +18,23 @@ namespace qkv {
 namespace {
 
 using Json = nlohmann::json;
+
+// A SentencePiece status as words for a user: its message without the code name and the
+// "./src/file.cc(232) [condition] " place that SentencePiece's checks put in front of it.
+std::string status_text(const sentencepiece::util::Status& st, const char* if_empty) {
+  std::string m = st.error_message() ? st.error_message() : "";
+  if (const size_t cc = m.find(".cc("); cc != std::string::npos) {
+    const size_t close = m.find(')', cc);
+    m.erase(0, close == std::string::npos ? m.size() : close + 1);
+    while (!m.empty() && m.front() == ' ') m.erase(0, 1);
+    if (!m.empty() && m.front() == '[') {
+      const size_t end = m.find("] ");
+      m.erase(0, end == std::string::npos ? m.size() : end + 2);
+    }
+  }
+  while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
+  return m.empty() ? if_empty : m;
+}
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
@@ -33,7 +50,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     check_utf8(text, "SentencePiece tokenizer: text to encode");
     std::vector<int> ids;
     const auto status = sp_->Encode(text, &ids);
-    check(status.ok(), "SentencePiece tokenizer: encode failed: ", status.ToString());
+    check(status.ok(), "SentencePiece tokenizer: encode failed: ", status_text(status, "no reason given"));
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
 
@@ -45,7 +62,7 @@ class SentencePieceTokenizer final : public Tokenizer {
             " is outside [0, ", n, ")");
     std::string text;
     const auto status = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
-    check(status.ok(), "SentencePiece tokenizer: decode failed: ", status.ToString());
+    check(status.ok(), "SentencePiece tokenizer: decode failed: ", status_text(status, "no reason given"));
     return utf8_replace_invalid(text);
   }
 
@@ -93,7 +110,7 @@ std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, c
   check(!model_proto.empty(), name, ": empty file (expected a serialized SentencePiece model)");
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = sp->LoadFromSerializedProto(model_proto);
-  check(status.ok(), name, ": not a SentencePiece model: ", status.ToString());
+  check(status.ok(), name, ": not a SentencePiece model (", status_text(status, "its bytes are not a serialized ModelProto"), ")");
   check(sp->GetPieceSize() > 0, name, ": SentencePiece model has no pieces");
   return std::make_unique<SentencePieceTokenizer>(std::move(sp));
 }
@@ -137,7 +154,7 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& s
   VectorIterator it(sentences);
   std::string model;
   const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-  check(status.ok(), ctx, "SentencePiece training failed: ", status.ToString());
+  check(status.ok(), ctx, "SentencePiece training failed: ", status_text(status, "no reason given"));
   return parse_sentencepiece(model, "the trained SentencePiece model");
 }
 

@@ -421,7 +421,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   struct stat st{};
   if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
   res.steps = trainer.steps_done();
-  res.epochs_done = epoch;
+  res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
   res.best_valid_loss = std::isfinite(best) ? best : nan;
   res.last_valid_loss = last_valid;
   res.seconds = elapsed();

@@ -1,0 +1,195 @@
+# Hostile and unusual input to `qkv train` and the files it reads and writes (issue 10): each
+# case exits 2 with one error naming the argument, file or key, or trains and says what it did
+# differently; nothing is left half-made, no file that is not a regular file is replaced, and no
+# FIFO is waited on. Run as: cmake -DQKV=path/to/qkv -DWORK=scratch/dir -P cli_hostile_train.cmake
+cmake_minimum_required(VERSION 3.16)
+include(${CMAKE_CURRENT_LIST_DIR}/cli_common.cmake)
+
+set(w "${WORK}")
+file(REMOVE_RECURSE "${w}")
+file(MAKE_DIRECTORY "${w}")
+
+function(expect_missing path what)
+  if(EXISTS "${path}")
+    message(FATAL_ERROR "${what}: ${path} exists; nothing should have been written")
+  endif()
+endfunction()
+# json_get(var file key...): a value from a JSON file
+function(json_get var file)
+  file(READ "${file}" j)
+  string(JSON v GET "${j}" ${ARGN})
+  set(${var} "${v}" PARENT_SCOPE)
+endfunction()
+
+# --- small data: digit-word translation pairs, a short text, labelled lines
+set(words zero one two three four five six seven eight nine)
+set(tsv "")
+set(txt "")
+set(cls "")
+foreach(i RANGE 0 199)
+  math(EXPR a "${i} % 10")
+  math(EXPR b "(${i} * 7 + 3) % 10")
+  list(GET words ${a} wa)
+  list(GET words ${b} wb)
+  string(APPEND tsv "${wa} ${wb}\t${a}${b}\n")
+  math(EXPR label "${i} % 40")
+  string(APPEND cls "L${label}\t${wa} ${wb} ${wa}\n")
+endforeach()
+foreach(i RANGE 0 19)  # labels seen once: some land in the held-out splits only
+  string(APPEND cls "once${i}\tnine eight seven\n")
+endforeach()
+foreach(i RANGE 0 299)  # 300 short lines: fewer tokens than one window of the preset's 129
+  math(EXPR a "${i} % 10")
+  list(GET words ${a} wa)
+  string(APPEND txt "${wa}\n")
+endforeach()
+file(WRITE "${w}/pairs.tsv" "${tsv}")
+file(WRITE "${w}/short.txt" "${txt}")
+file(WRITE "${w}/labels.tsv" "${cls}")
+set(quick --tokenizer byte --preset tiny --steps 2)
+
+# --- data options that contradict each other
+expect_error("--data with --source" "give either --data FILE or --source and --target files, not both"
+             train --task translate --data "${w}/pairs.tsv" --source "${w}/pairs.tsv" --target "${w}/pairs.tsv"
+             --out "${w}/both" ${quick})
+expect_missing("${w}/both" "--data with --source")
+expect_error("--source alone" "--source and --target go together" train --task translate --source "${w}/pairs.tsv"
+             --out "${w}/src_only" ${quick})
+
+# --- a FIFO with no writer as data is refused at once, never waited on
+execute_process(COMMAND mkfifo "${w}/fifo.tsv" RESULT_VARIABLE rc)
+if(rc EQUAL 0)
+  expect_error("a FIFO as --data" "fifo.tsv: is a FIFO (named pipe)" train --task translate --data "${w}/fifo.tsv"
+               --out "${w}/fifo_run" ${quick})
+  expect_missing("${w}/fifo_run" "a FIFO as --data")
+  expect_error("a FIFO as --config" "fifo.tsv: config.json is a FIFO (named pipe), not a regular file" train --task translate --data
+               "${w}/pairs.tsv" --config "${w}/fifo.tsv" --out "${w}/fifo_cfg" ${quick})
+endif()
+
+# --- the learned position table: sized from --max-len; a config's table too small is refused
+# before any work, and no directory is left
+run_qkv(0 out err train --task lm --data "${w}/short.txt" --out "${w}/lm512" ${quick} --max-len 512)
+json_get(ml "${w}/lm512/config.json" max_len)
+if(NOT ml EQUAL 512)
+  message(FATAL_ERROR "train --task lm --max-len 512: config.json max_len ${ml}, expected 512")
+endif()
+file(WRITE "${w}/small.json" [=[{"arch": "decoder", "vocab_size": 300, "d_model": 32, "n_heads": 2, "d_ff": 64,
+  "n_layers": 1, "positional": "learned", "max_len": 16}]=])
+expect_error("--config table below --max-len" "max_len 16 (the learned position table) is below --max-len 64"
+             train --task lm --data "${w}/short.txt" --out "${w}/cfg16" --config "${w}/small.json" --max-len 64
+             --tokenizer byte --steps 2)
+expect_missing("${w}/cfg16" "--config table below --max-len")
+
+# --- small corpora train, saying what was done: a 300-line text shorter than one window, a
+# single line, labels that only the validation split has
+run_qkv(0 out err train --task lm --data "${w}/short.txt" --out "${w}/lm_short" ${quick})
+expect_contains("${err}" "(validation split)" "the note names the split, not the whole file")
+expect_contains("${err}" "one window of" "a short validation split is one shorter window")
+expect_file("${w}/lm_short/model.safetensors" "a short LM corpus trains")
+file(WRITE "${w}/one.txt" "just one line of text\n")
+run_qkv(0 out err train --task lm --data "${w}/one.txt" --out "${w}/lm_one" ${quick})
+expect_contains("${err}" "too few to hold out a validation split" "one line: no validation split")
+expect_contains("${err}" "one window of" "one line: one shorter window")
+expect_contains("${out}" "no validation split" "the final line says there was no validation")
+expect_missing("${w}/lm_one/test.txt" "no empty test split is written")
+run_qkv(0 out err train --task classify --data "${w}/labels.tsv" --out "${w}/cls_rare" ${quick} --valid-fraction 0.3)
+expect_contains("${err}" "validation records have labels the training split lacks; left out" "rare labels")
+# no held-out splits at all: no empty test file, and eval says what it needs
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/nosplit" ${quick}
+        --valid-fraction 0 --test-fraction 0)
+expect_contains("${out}" "no validation split" "--valid-fraction 0")
+expect_missing("${w}/nosplit/test.tsv" "--test-fraction 0")
+expect_error("eval without a test split" "has no held-out test split" eval --model "${w}/nosplit")
+
+# --- SentencePiece: a vocabulary too small for the characters says which size is needed; one
+# larger than the corpus supports is reported; a file that is not a model is named
+# 400 distinct CJK characters (printf writes \\uXXXX as UTF-8): more than a vocabulary of 300
+set(fmt "")
+foreach(line RANGE 0 39)
+  math(EXPR label "${line} % 2")
+  string(APPEND fmt "L${label}\\t")
+  foreach(k RANGE 0 9)
+    math(EXPR cp "19968 + ${line} * 10 + ${k}" OUTPUT_FORMAT HEXADECIMAL)
+    string(REPLACE "0x" "" cp "${cp}")
+    string(APPEND fmt "\\u${cp}")
+  endforeach()
+  string(APPEND fmt "\\n")
+endforeach()
+execute_process(COMMAND printf "${fmt}" OUTPUT_FILE "${w}/cjk.tsv" RESULT_VARIABLE rc)
+expect_error("--vocab too small" "--vocab 300 is too small for ${w}/cjk.tsv (training split)"
+             train --task classify --data "${w}/cjk.tsv" --out "${w}/v300" --preset tiny --steps 1 --vocab 300)
+string(REGEX MATCH "give --vocab ([0-9]+) or more" m "${last_err}")
+if(NOT m)
+  message(FATAL_ERROR "--vocab too small: no size given in: ${last_err}")
+endif()
+expect_missing("${w}/v300" "--vocab too small")
+run_qkv(0 out err train --task classify --data "${w}/labels.tsv" --out "${w}/v16k" --preset tiny --steps 1
+        --vocab 16000)
+expect_contains("${err}" "SentencePiece pieces, not the 16000 asked for" "a vocabulary below --vocab is reported")
+file(WRITE "${w}/junk.model" "not a model")
+expect_error("a file that is not a SentencePiece model" "junk.model: not a SentencePiece model (" train --task lm
+             --data "${w}/short.txt" --tokenizer "${w}/junk.model" --out "${w}/junk" --steps 1)
+expect_not_contains("${last_err}" ".cc(" "no SentencePiece source location in the message")
+
+# --- resume: everything read back is checked
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/run" ${quick})
+expect_error("--resume with --data" "--resume continues with the data the run started with" train --out "${w}/run"
+             --resume --steps 4 --data "${w}/pairs.tsv")
+file(READ "${w}/run/train.json" train_json)
+string(REPLACE "\"max_tokens\": 2500" "\"max_tokens\": \"many\"" bad "${train_json}")
+file(WRITE "${w}/run/train.json" "${bad}")
+expect_error("train.json with a string for a number" "train.json: \"max_tokens\" must be an integer" train
+             --out "${w}/run" --resume --steps 4)
+string(REPLACE "\"max_tokens\": 2500" "\"max_tokens\": 2500, \"max_tokens\": 100" bad "${train_json}")
+file(WRITE "${w}/run/train.json" "${bad}")
+expect_error("train.json with a key twice" "train.json: duplicate key \"max_tokens\"" train --out "${w}/run"
+             --resume --steps 4)
+file(WRITE "${w}/run/train.json" "${train_json}")
+file(APPEND "${w}/pairs.tsv" "ten\t10\n")
+expect_error("the data changed since the run started" "pairs.tsv has changed since the run started" train
+             --out "${w}/run" --resume --steps 4)
+file(WRITE "${w}/pairs.tsv" "${tsv}")
+# a temporary file left by a killed writer (pid 4194304 is above Linux's pid_max) is removed
+file(WRITE "${w}/run/checkpoint.safetensors.tmp.4194304.0123456789abcdef" "partial")
+run_qkv(0 out err train --out "${w}/run" --resume --steps 4)
+expect_contains("${err}" "removed 1 temporary file(s)" "stale temporary files")
+expect_missing("${w}/run/checkpoint.safetensors.tmp.4194304.0123456789abcdef" "stale temporary file")
+file(READ "${w}/run/task.json" task_json)
+file(WRITE "${w}/run/task.json" [=[{"task": "translate", "task": "lm"}]=])
+expect_error("task.json with a key twice" "task.json: duplicate key \"task\"" translate --model "${w}/run"
+             --input "${w}/pairs.tsv")
+file(WRITE "${w}/run/task.json" "${task_json}")
+
+# --- written files: a symbolic link is followed (the link stays), a character device is written
+# through (never replaced), a FIFO with no reader and a directory are refused
+file(WRITE "${w}/real.tsv" "old")
+file(CREATE_LINK "real.tsv" "${w}/link.tsv" SYMBOLIC)
+run_qkv(0 out err data kjv-testament --out "${w}/link.tsv")
+if(NOT IS_SYMLINK "${w}/link.tsv")
+  message(FATAL_ERROR "data --out LINK replaced the symbolic link with a file")
+endif()
+file(SIZE "${w}/real.tsv" size)
+if(size LESS 1000)
+  message(FATAL_ERROR "data --out LINK: the link's target was not written (${size} bytes)")
+endif()
+run_qkv(0 out err data kjv-testament --out /dev/null)
+execute_process(COMMAND test -c /dev/null RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "data --out /dev/null: /dev/null is no longer a character device")
+endif()
+if(EXISTS "${w}/fifo.tsv")
+  expect_error("--out a FIFO with no reader" "fifo.tsv: cannot write: it is a FIFO (named pipe) with no reader"
+               data kjv-testament --out "${w}/fifo.tsv")
+endif()
+file(MAKE_DIRECTORY "${w}/adir")
+expect_error("--out a directory" "adir: cannot write: it is a directory" data kjv-testament --out "${w}/adir")
+
+# --- input lines: invalid UTF-8 is named by its line, on standard input and from --input
+execute_process(COMMAND printf "zero one\\nbad \\377 byte\\n" OUTPUT_FILE "${w}/bad.txt")
+expect_error_stdin("invalid UTF-8 on stdin" "standard input, line 2: invalid UTF-8 at byte 5" "${w}/bad.txt"
+                   translate --model "${w}/run")
+expect_error("invalid UTF-8 in --input" "--input ${w}/bad.txt, line 2: invalid UTF-8 at byte 5" translate
+             --model "${w}/run" --input "${w}/bad.txt")
+
+file(REMOVE_RECURSE "${w}")
+message(STATUS "qkv train and its files under hostile input: ok")
