@@ -2,11 +2,12 @@
 # Training throughput, qkv against PyTorch, in one run on this machine: the GPT-2-small-shaped
 # decoder and the 2017 base encoder-decoder, batch 4 x 256 tokens, fwd + bwd + AdamW, each in
 # its own process (peak memory is per process).
-# Usage: [ROUNDS=3] [STEPS=3] bench/train_vs_torch.sh [build/qkv]
+# Usage: [ROUNDS=3] [STEPS=6] bench/train_vs_torch.sh [build/qkv]
+# PyTorch flushes denormals (torch.set_flush_denormal(True)), its fastest setting on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QKV=${1:-build/qkv}
-STEPS=${STEPS:-3}
+STEPS=${STEPS:-6}  # 6 timed steps after a warmup one: 3 were not yet a steady state
 threads=$(nproc)
 # PyTorch's best settings: all cores, and OpenBLAS's right kernel if it fell back to Prescott.
 core=$(/usr/bin/python3 -c "import torch, ctypes

@@ -22,7 +22,7 @@ struct TrainBenchOptions {
   std::string model = "gpt2-small";
   std::string config;
   int64_t batch = 4, seq = 256;
-  int steps = 3, warmup = 1;
+  int steps = 6, warmup = 1;
   bool json = false;
 };
 

@@ -57,6 +57,18 @@ void reexec_if_blas_fell_back(char** argv) {
             << " for full speed\n";
 }
 
+// Which command ran out of memory, how much there was, and the options that size its work.
+std::string out_of_memory(CLI::App& app) {
+  const std::string cmd = app.get_subcommands().empty() ? std::string("qkv") : app.get_subcommands().front()->get_name();
+  const char* hint = cmd == "train"   ? "a smaller --max-tokens, --max-len or --preset"
+                     : cmd == "bench" ? "smaller sizes"
+                     : cmd == "fit" || cmd == "forward" || cmd == "attend" ? "smaller inputs or a smaller model"
+                                                                           : "a smaller --batch, --beam or --max-len";
+  return qkv::detail::concat("qkv ", cmd, " ran out of memory (",
+                             static_cast<long long>(qkv::available_memory_bytes() / (1 << 20)),
+                             " MiB available); try ", hint);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,10 +119,13 @@ int main(int argc, char** argv) {
       if (all[i] == chosen) return runners[i]();
     return 2;
   } catch (const qkv::Error& e) {
-    std::cerr << "qkv: error: " << e.what() << "\n";
+    const std::string what = e.what();
+    std::cerr << "qkv: error: " << what;
+    if (what.find("cannot allocate") != std::string::npos) std::cerr << "; " << out_of_memory(app);
+    std::cerr << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
-    std::cerr << "qkv: error: out of memory\n";
+    std::cerr << "qkv: error: " << out_of_memory(app) << "\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "qkv: error: " << e.what() << "\n";
