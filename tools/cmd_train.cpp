@@ -25,6 +25,7 @@
 #include "qkv/task.h"
 #include "qkv/tokenizer.h"
 #include "task_util.h"
+#include "train_json.h"
 
 namespace qkv::cli {
 namespace {
@@ -35,11 +36,11 @@ using json = nlohmann::json;
 std::atomic<bool> g_stop{false};
 extern "C" void on_sigint(int) { g_stop.store(true); }
 
-struct Options {
-  std::string task = "translate", data, source, target, out, preset = "tiny", config, tokenizer, spm_type = "unigram";
-  int64_t vocab = 0, steps = 0, epochs = 0, max_tokens = 0, eval_every = 0, max_len = 0, warmup = -1;
-  double minutes = 0, lr = 0, valid_fraction = 0.02, test_fraction = 0.02, dropout = -1, label_smoothing = -1;
-  uint64_t seed = 1;
+// RunOptions (train_json.h): the options train.json keeps for --resume.
+struct Options : RunOptions {
+  std::string out, config, tokenizer, spm_type = "unigram";
+  int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1;
+  double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
 };
 
@@ -124,24 +125,8 @@ int run(Options o) {
     check(fs::exists(ckpt), "--resume: ", ckpt, " not found (nothing to resume in ", o.out, ")");
     // The run's data options come from train.json, so `qkv train --out DIR --resume` is enough.
     const std::string path = o.out + "/train.json";
-    json j;
-    try {
-      j = json::parse(read_file(path, "train.json"));
-    } catch (const json::exception& e) {
-      throw Error(path + ": not valid JSON: " + e.what());
-    }
     const Options given = o;
-    o.task = j.value("task", o.task);
-    o.data = j.value("data", o.data);
-    o.source = j.value("source", o.source);
-    o.target = j.value("target", o.target);
-    o.preset = j.value("preset", o.preset);
-    o.max_tokens = j.value("max_tokens", o.max_tokens);
-    o.max_len = j.value("max_len", o.max_len);
-    o.valid_fraction = j.value("valid_fraction", o.valid_fraction);
-    o.test_fraction = j.value("test_fraction", o.test_fraction);
-    o.seed = j.value("seed", o.seed);
-    o.eval_every = j.value("eval_every", o.eval_every);
+    read_train_json(read_file(path, "train.json"), path, o);
     check(!given.task_given || given.task == o.task, "--resume: ", o.out, " was trained for --task ", o.task);
   } else {
     check(!fs::exists(ckpt), "--out ", o.out, " already holds a training run (", ckpt,
