@@ -1,0 +1,10 @@
+// train.json: read_train_json (tools/train_json.cpp), what `qkv train --resume` reads.
+#include "fuzz_util.h"
+#include "train_json.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string in = qkv::fuzz::bytes(data, size);
+  qkv::cli::RunOptions o;
+  qkv::fuzz::accepts([&] { qkv::cli::read_train_json(in, "train.json", o); });
+  return 0;
+}
