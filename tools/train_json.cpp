@@ -41,11 +41,11 @@ void get_string(const json& j, const char* key, const std::string& path, std::st
 void get_int(const json& j, const char* key, int64_t lo, int64_t hi, const std::string& path, int64_t& out) {
   const auto it = j.find(key);
   if (it == j.end()) return;
-  const bool integer = it->is_number_integer() && (it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(hi)
-                                                                              : it->get<int64_t>() >= 0);
+  const bool integer = it->is_number_integer() &&
+                       (it->is_number_unsigned() ? it->get<uint64_t>() <= uint64_t(hi) : it->get<int64_t>() >= 0);
   const int64_t v = integer ? it->get<int64_t>() : -1;
-  check(integer && (v == 0 || (v >= lo && v <= hi)), path, ": \"", key, "\" is ", show(*it), " (expected 0 or an integer from ",
-        lo, " to ", hi, ")");
+  check(integer && (v == 0 || (v >= lo && v <= hi)), path, ": \"", key, "\" is ", show(*it),
+        " (expected 0 or an integer from ", lo, " to ", hi, ")");
   out = v;
 }
 

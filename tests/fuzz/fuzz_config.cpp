@@ -11,6 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ModelConfig c;
   if (!fuzz::accepts([&] { c = ModelConfig::from_json(in, "config.json"); })) return 0;
   if (in.find('\0') != std::string::npos) fuzz::finding("config.json with a NUL byte accepted (the rest is ignored)");
+  if (fuzz::json_repeats_a_key(in)) fuzz::finding("config.json with a repeated key accepted");
   if (!fuzz::accepts([&] { c.validate(); })) fuzz::finding("from_json returned a config that validate() refuses");
   const std::string text = c.to_json();
   const ModelConfig back = ModelConfig::from_json(text, "round trip");

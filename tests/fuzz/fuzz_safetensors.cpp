@@ -40,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (parsed_ok != read_ok)
     fuzz::finding(std::string("parse_safetensors ") + (parsed_ok ? "accepts" : "refuses") + " what read_safetensors " +
                   (read_ok ? "accepts" : "refuses"));
-  if (parsed_ok && !same(parsed, read)) fuzz::finding("parse_safetensors and read_safetensors return different tensors");
+  if (parsed_ok && !same(parsed, read))
+    fuzz::finding("parse_safetensors and read_safetensors return different tensors");
   if (parsed_ok) {
     // What was accepted writes back (BF16/F16 now as F32) and reads again as the same.
     std::vector<std::pair<std::string, Tensor>> tensors = parsed.tensors;

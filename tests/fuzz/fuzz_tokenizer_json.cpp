@@ -21,6 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::unique_ptr<Tokenizer> tok;
   if (!fuzz::accepts([&] { tok = load_tokenizer(fuzz::scratch_dir()); })) return 0;
   if (in.find('\0') != std::string::npos) fuzz::finding("tokenizer.json with a NUL byte accepted");
+  if (fuzz::json_repeats_a_key(in)) fuzz::finding("tokenizer.json with a repeated key accepted");
   const std::vector<int32_t> ids = tok->encode("Hello, caf\xc3\xa9!");
   tok->decode(ids);
   return 0;

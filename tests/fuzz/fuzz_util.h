@@ -12,13 +12,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "qkv/error.h"
 
 namespace qkv::fuzz {
 
-inline std::string bytes(const uint8_t* data, size_t size) { return std::string(reinterpret_cast<const char*>(data), size); }
+inline std::string bytes(const uint8_t* data, size_t size) {
+  return std::string(reinterpret_cast<const char*>(data), size);
+}
 
 // A property the reader promises does not hold: libFuzzer saves the input as a crash.
 [[noreturn]] inline void finding(const std::string& what) {
@@ -36,6 +41,25 @@ bool accepts(F&& f) {
   } catch (const qkv::Error&) {
     return false;
   }
+}
+
+// Whether `text` parses as JSON with a key repeated in some object (a reader that accepts such
+// text has silently dropped all but one of the values).
+inline bool json_repeats_a_key(const std::string& text) {
+  std::vector<std::set<std::string>> open;
+  bool repeated = false;
+  const nlohmann::json::parser_callback_t cb = [&](int, nlohmann::json::parse_event_t e, nlohmann::json& v) {
+    if (e == nlohmann::json::parse_event_t::object_start) open.emplace_back();
+    if (e == nlohmann::json::parse_event_t::object_end) open.pop_back();
+    if (e == nlohmann::json::parse_event_t::key && !open.back().insert(v.get<std::string>()).second) repeated = true;
+    return true;
+  };
+  try {
+    static_cast<void>(nlohmann::json::parse(text, cb));
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+  return repeated;
 }
 
 // One scratch directory per process ($TMPDIR or /tmp), removed at exit, for readers that take

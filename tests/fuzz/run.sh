@@ -4,8 +4,8 @@
 #   2. fuzzes for SECONDS, starting from WORKDIR/corpus (kept; new inputs go there) and the
 #      committed seeds tests/fuzz/corpus/NAME/ (only read), with tests/fuzz/dict/NAME.dict;
 #   3. prints one summary line: executions, exec/s, coverage (cov: edges, ft: features), corpus
-#      size, peak RSS, and the files of any finding (crash-*, leak-*, timeout-*, oom-* in
-#      WORKDIR/findings/).
+#      size, peak RSS, and the files of this run's findings (crash-*, leak-*, timeout-*, oom-*
+#      in WORKDIR/findings/).
 # Exits non-zero when a regression input or the fuzzing run fails.
 set -uo pipefail
 fuzzer=$1 name=$2 seconds=$3 work=$4
@@ -40,6 +40,7 @@ if [ ${#replay[@]} -gt 0 ]; then
 fi
 
 echo "+ $fuzzer ${opts[*]} -max_total_time=$seconds $work/corpus $seeds"
+touch "$work/.start"
 start=$(date +%s)
 "$fuzzer" "${opts[@]}" -max_total_time="$seconds" "$work/corpus" "$seeds" >"$work/fuzz.log" 2>&1
 frc=$?
@@ -50,7 +51,7 @@ stat() { sed -n "s/^stat::$1: *//p" "$work/fuzz.log" | tail -n 1; }
 last=$(grep -E '^#[0-9]+' "$work/fuzz.log" | grep -E 'cov: ' | tail -n 1)
 cov=$(sed -n 's/.* cov: \([0-9]*\).*/\1/p' <<<"$last")
 ft=$(sed -n 's/.* ft: \([0-9]*\).*/\1/p' <<<"$last")
-findings=("$work"/findings/*)
+findings=($(find "$work/findings" -type f -newer "$work/.start" | sort))  # this run's
 printf 'fuzz %s: %ss, %s executions (%s/s), cov %s, ft %s, corpus %s files, peak RSS %s MB, findings: %s\n' \
   "$name" "$elapsed" "$(stat number_of_executed_units)" "$(stat average_exec_per_sec)" "${cov:-?}" "${ft:-?}" \
   "$(ls "$work/corpus" | wc -l)" "$(stat peak_rss_mb)" "${findings[*]:-none}"

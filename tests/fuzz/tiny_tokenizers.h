@@ -15,7 +15,9 @@ namespace qkv::fuzz {
 // GPT-2's bytes_to_unicode: byte b as the UTF-8 of the code point the files spell it with.
 inline std::string gpt2_char(int b) {
   int cp = b, next = 0x100;
-  const auto self = [](int x) { return (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff); };
+  const auto self = [](int x) {
+    return (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff);
+  };
   if (!self(b)) {
     for (int x = 0; x < b; ++x) next += self(x) ? 0 : 1;
     cp = next;
@@ -52,15 +54,30 @@ inline std::pair<std::string, std::string> tiny_gpt2(const std::vector<std::pair
 
 inline std::pair<std::string, std::string> tiny_gpt2() {
   const std::string sp = gpt2_char(' ');
-  return tiny_gpt2({{sp, "t"}, {"h", "e"}, {sp + "t", "he"}, {"i", "n"}, {sp, "a"}, {"e", "r"}, {sp + "a", "n"},
-                    {"o", "u"}, {sp, "s"}, {"an", "d"}, {sp + "an", "d"}, {"\xc3\xa9", "t"}});
+  return tiny_gpt2({{sp, "t"},
+                    {"h", "e"},
+                    {sp + "t", "he"},
+                    {"i", "n"},
+                    {sp, "a"},
+                    {"e", "r"},
+                    {sp + "a", "n"},
+                    {"o", "u"},
+                    {sp, "s"},
+                    {"an", "d"},
+                    {sp + "an", "d"},
+                    {"\xc3\xa9", "t"}});
 }
 
 inline std::vector<std::string> tiny_sentences() {
   std::vector<std::string> s;
-  const char* base[] = {"The cat sat on the mat.", "A dog ran in the park!", "Der Hund lief im Park.",
-                        "Wie geht es dir heute?", "Caf\xc3\xa9 au lait, s'il vous pla\xc3\xaet.", "1, 2, 3 and 42",
-                        "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe6\x96\x87", "In the beginning was the word"};
+  const char* base[] = {"The cat sat on the mat.",
+                        "A dog ran in the park!",
+                        "Der Hund lief im Park.",
+                        "Wie geht es dir heute?",
+                        "Caf\xc3\xa9 au lait, s'il vous pla\xc3\xaet.",
+                        "1, 2, 3 and 42",
+                        "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe6\x96\x87",
+                        "In the beginning was the word"};
   for (int i = 0; i < 12; ++i)
     for (const char* b : base) s.push_back(std::string(b) + (i % 2 ? " again" : "") + (i % 3 ? " now" : ""));
   return s;
