@@ -10,6 +10,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "qkv/data.h"
 #include "qkv/error.h"
@@ -45,9 +46,22 @@ void TaskInfo::save(const std::string& dir) const {
 TaskInfo TaskInfo::load(const std::string& dir) {
   const std::string path = dir + "/task.json";
   check(::access(path.c_str(), F_OK) == 0, path, ": not found (is ", dir, " a model directory written by qkv train?)");
+  const std::string text = read_file(path, "task.json");
+  // nlohmann::json stops at a NUL byte as if the text ended there, and keeps the last value of
+  // a repeated key: refuse both, since either silently drops part of the file.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    fail(path, ": not valid JSON: NUL byte at offset ", nul);
+  std::vector<std::set<std::string>> open;  // keys seen so far in each object being parsed
+  const json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end) open.pop_back();
+    if (event == json::parse_event_t::key && !open.back().insert(parsed.get<std::string>()).second)
+      fail(path, ": key ", parsed.dump(), " appears twice");
+    return true;
+  };
   json j;
   try {
-    j = json::parse(read_file(path, "task.json"));
+    j = json::parse(text, on_event);
   } catch (const json::exception& e) {
     throw Error(path + ": not valid JSON: " + e.what());
   }
@@ -62,8 +76,11 @@ TaskInfo TaskInfo::load(const std::string& dir) {
   if (t.task == Task::Classify) {
     check(j.contains("labels") && j["labels"].is_array() && !j["labels"].empty(), path,
           ": a classify model needs a non-empty \"labels\" array");
+    std::set<std::string> seen;
     for (const auto& l : j["labels"]) {
       check(l.is_string(), path, ": labels must be strings");
+      check(seen.insert(l.get<std::string>()).second, path, ": label ", l.dump(),
+            " appears twice in \"labels\" (expected one entry per class)");
       t.labels.push_back(l.get<std::string>());
     }
   }
