@@ -433,6 +433,16 @@ TEST(Models, ConfigJsonRoundTripAndStrictness) {
   EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": "5"})", "x.json"); }).find("must be an integer"),
             std::string::npos);
   EXPECT_NE(error_of([] { ModelConfig::from_json("{", "x.json"); }).find("x.json: not valid JSON"), std::string::npos);
+  // Found by fuzzing (tests/fuzz/fuzz_config.cpp): parts of the file silently dropped or misread.
+  EXPECT_NE(error_of([] { ModelConfig::from_json(std::string(R"({"vocab_size": 5})") + '\0' + "{\"junk", "x.json"); })
+                .find("x.json: not valid JSON: NUL byte at offset 17"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "d_model": 8, "d_model": 16})", "x.json"); })
+                .find("x.json: key \"d_model\" appears twice"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "pad_id": 18446744073709551615})", "x.json"); })
+                .find("\"pad_id\" is 18446744073709551615, past the largest integer"),
+            std::string::npos);
 }
 
 TEST(Models, StateDictMismatchNamesTensorAndShapes) {

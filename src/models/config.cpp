@@ -3,8 +3,10 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "qkv/error.h"
 #include "qkv/model.h"
@@ -57,6 +59,9 @@ E parse_enum(const Names<E> (&table)[N], const json& j, const std::string& key, 
 
 int64_t get_int(const json& j, const std::string& key, const std::string& source) {
   check(j.is_number_integer(), source, ": \"", key, "\" must be an integer, got ", j.dump());
+  // get<int64_t> would wrap 2^64 - 1 around to -1
+  check(!j.is_number_unsigned() || j.get<uint64_t>() <= uint64_t{INT64_MAX}, source, ": \"", key, "\" is ", j.dump(),
+        ", past the largest integer 2^63 - 1");
   return j.get<int64_t>();
 }
 double get_num(const json& j, const std::string& key, const std::string& source) {
@@ -156,9 +161,21 @@ std::string ModelConfig::to_json() const {
 }
 
 ModelConfig ModelConfig::from_json(const std::string& text, const std::string& source) {
+  // nlohmann::json stops at a NUL byte as if the text ended there, and keeps the last value of
+  // a repeated key: refuse both, since either silently drops part of the file.
+  if (const size_t nul = text.find('\0'); nul != std::string::npos)
+    fail(source, ": not valid JSON: NUL byte at offset ", nul);
+  std::vector<std::set<std::string>> open;  // keys seen so far in each object being parsed
+  const json::parser_callback_t on_event = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end) open.pop_back();
+    if (event == json::parse_event_t::key && !open.back().insert(parsed.get<std::string>()).second)
+      fail(source, ": key ", parsed.dump(), " appears twice");
+    return true;
+  };
   json j;
   try {
-    j = json::parse(text);
+    j = json::parse(text, on_event);
   } catch (const json::exception& e) {
     throw Error(detail::concat(source, ": not valid JSON: ", e.what()));
   }
