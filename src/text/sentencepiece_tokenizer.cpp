@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "qkv/error.h"
@@ -87,12 +88,97 @@ std::string exact(double v) {
   return os.str();
 }
 
+// The protocol-buffer wire format, just far enough to check ModelProto's pieces (field 1, each a
+// message whose field 1 is the piece's text) before SentencePiece sees them: SentencePiece
+// 0.1.97 puts the pieces in a darts-clone trie, which throws (instead of returning a Status) on
+// an empty piece or one holding a NUL byte.
+class WireReader {
+ public:
+  WireReader(std::string_view bytes, const std::string& name) : s_(bytes), name_(name) {}
+  bool done() const { return i_ >= s_.size(); }
+  size_t offset() const { return i_; }
+  // field <- the next field's number, wire_type <- its wire type (0 varint, 1 fixed64,
+  // 2 length-delimited, 5 fixed32; groups are never written by SentencePiece).
+  void key(uint64_t& field, int& wire_type) {
+    const uint64_t k = varint();
+    field = k >> 3;
+    wire_type = static_cast<int>(k & 7);
+    if (field == 0 || (wire_type != 0 && wire_type != 1 && wire_type != 2 && wire_type != 5))
+      bad(detail::concat("field ", field, " has wire type ", wire_type));
+  }
+  // The value of a field of `wire_type`: a length-delimited field's bytes, else "".
+  std::string_view value(int wire_type) {
+    if (wire_type == 0) {
+      varint();
+      return {};
+    }
+    const uint64_t len = wire_type == 1 ? 8 : wire_type == 5 ? 4 : varint();
+    if (len > s_.size() - i_) bad(detail::concat("a field of ", len, " bytes runs past the end"));
+    const std::string_view v = s_.substr(i_, static_cast<size_t>(len));
+    i_ += static_cast<size_t>(len);
+    return wire_type == 2 ? v : std::string_view();
+  }
+
+ private:
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (done()) bad("a varint runs past the end");
+      const unsigned char b = static_cast<unsigned char>(s_[i_++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    bad("a varint longer than 10 bytes");
+  }
+  [[noreturn]] void bad(const std::string& what) const {
+    fail(name_, ": not a SentencePiece model: malformed protocol buffer at byte ", i_, " (", what, ")");
+  }
+
+  std::string_view s_;
+  const std::string& name_;
+  size_t i_ = 0;
+};
+
+// Each piece of the ModelProto `bytes` is non-empty and free of NUL bytes.
+void check_pieces(std::string_view bytes, const std::string& name) {
+  WireReader top(bytes, name);
+  for (int64_t id = 0; !top.done();) {
+    uint64_t field;
+    int type;
+    top.key(field, type);
+    const size_t at = top.offset();
+    const std::string_view v = top.value(type);
+    if (field != 1 || type != 2) continue;
+    // piece <- the last field 1 of the SentencePiece message (as protobuf keeps the last)
+    WireReader sub(v, name);
+    std::string_view piece;
+    while (!sub.done()) {
+      uint64_t f;
+      int t;
+      sub.key(f, t);
+      const std::string_view x = sub.value(t);
+      if (f == 1 && t == 2) piece = x;
+    }
+    if (piece.empty()) fail(name, ": SentencePiece model: piece ", id, " (at byte ", at, ") is empty");
+    if (piece.find('\0') != std::string_view::npos)
+      fail(name, ": SentencePiece model: piece ", id, " (at byte ", at, ") holds a NUL byte");
+    ++id;
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name) {
   check(!model_proto.empty(), name, ": empty file (expected a serialized SentencePiece model)");
+  check_pieces(model_proto, name);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(model_proto);
+  sentencepiece::util::Status status;
+  try {
+    status = sp->LoadFromSerializedProto(model_proto);
+  } catch (const std::exception& e) {
+    // Not expected after check_pieces; SentencePiece's own checks return a Status.
+    fail(name, ": not a SentencePiece model: the SentencePiece library threw: ", e.what());
+  }
   check(status.ok(), name, ": not a SentencePiece model: ", status.ToString());
   check(sp->GetPieceSize() > 0, name, ": SentencePiece model has no pieces");
   return std::make_unique<SentencePieceTokenizer>(std::move(sp));
