@@ -41,6 +41,9 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
   check(tok->vocab_size() == m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match config.json's vocab_size (", m.config().vocab_size, ")");
+  check(info.task != Task::Classify || static_cast<int64_t>(info.labels.size()) == m.config().num_classes, "--model ",
+        dir, ": task.json names ", info.labels.size(), " labels but config.json has num_classes ",
+        m.config().num_classes);
   return {std::move(m), std::move(tok), std::move(info)};
 }
 
