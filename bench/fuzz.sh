@@ -26,7 +26,8 @@ cmake --build $build -j "${JOBS:-$(nproc)}" >/dev/null || { echo "fuzz.sh: build
 
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=($(sed -n '/^set(QKV_FUZZ_TARGETS/,/)/p' tests/fuzz/CMakeLists.txt | tr -d '()' | sed 's/set QKV_FUZZ_TARGETS//'))
+  # the list in tests/fuzz/CMakeLists.txt: set(QKV_FUZZ_TARGETS npy safetensors ...)
+  targets=($(sed -n '/^set(QKV_FUZZ_TARGETS/,/)/p' tests/fuzz/CMakeLists.txt | tr -d '()' | sed 's/^set QKV_FUZZ_TARGETS//;s/^setQKV_FUZZ_TARGETS//'))
 fi
 [ -n "$total" ] && per=$(( total / ${#targets[@]} ))
 echo "fuzz.sh: ${#targets[@]} targets, ${per}s each, one at a time; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
