@@ -231,8 +231,8 @@ void check_model(std::string_view bytes, const std::string& name) {
   for (int64_t id = 0; !top.done();) {
     uint64_t field;
     int type;
-    top.key(field, type);
     const size_t at = top.offset();
+    top.key(field, type);
     const std::string_view v = top.value(type);
     if (type != 2 || (field != 1 && field != 3 && field != 5)) continue;
     // x <- the last field 1 (a piece's text) or field 2 (a spec's map) of the message
