@@ -14,6 +14,8 @@ PACKAGES=(
   python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
+  clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
+  libomp-16-dev               # ... and clang's OpenMP runtime, which they link
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)
   bible-kjv                   # English prose for language models (the King James Bible)
 )

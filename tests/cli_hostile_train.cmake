@@ -127,7 +127,7 @@ run_qkv(0 out err train --task classify --data "${w}/labels.tsv" --out "${w}/v16
         --vocab 16000)
 expect_contains("${err}" "SentencePiece pieces, not the 16000 asked for" "a vocabulary below --vocab is reported")
 file(WRITE "${w}/junk.model" "not a model")
-expect_error("a file that is not a SentencePiece model" "junk.model: not a SentencePiece model (" train --task lm
+expect_error("a file that is not a SentencePiece model" "junk.model: not a SentencePiece model" train --task lm
              --data "${w}/short.txt" --tokenizer "${w}/junk.model" --out "${w}/junk" --steps 1)
 expect_not_contains("${last_err}" ".cc(" "no SentencePiece source location in the message")
 
@@ -138,7 +138,7 @@ expect_error("--resume with --data" "--resume continues with the data the run st
 file(READ "${w}/run/train.json" train_json)
 string(REPLACE "\"max_tokens\": 2500" "\"max_tokens\": \"many\"" bad "${train_json}")
 file(WRITE "${w}/run/train.json" "${bad}")
-expect_error("train.json with a string for a number" "train.json: \"max_tokens\" must be an integer" train
+expect_error("train.json with a string for a number" "train.json: \"max_tokens\" is \"many\" (expected 0 or an integer" train
              --out "${w}/run" --resume --steps 4)
 string(REPLACE "\"max_tokens\": 2500" "\"max_tokens\": 2500, \"max_tokens\": 100" bad "${train_json}")
 file(WRITE "${w}/run/train.json" "${bad}")

@@ -435,6 +435,16 @@ TEST(Models, ConfigJsonRoundTripAndStrictness) {
   EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": "5"})", "x.json"); }).find("must be an integer"),
             std::string::npos);
   EXPECT_NE(error_of([] { ModelConfig::from_json("{", "x.json"); }).find("x.json: not valid JSON"), std::string::npos);
+  // Found by fuzzing (tests/fuzz/fuzz_config.cpp): parts of the file silently dropped or misread.
+  EXPECT_NE(error_of([] { ModelConfig::from_json(std::string(R"({"vocab_size": 5})") + '\0' + "{\"junk", "x.json"); })
+                .find("x.json: not valid JSON: NUL byte at offset 17"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "d_model": 8, "d_model": 16})", "x.json"); })
+                .find("x.json: duplicate key \"d_model\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "pad_id": 18446744073709551615})", "x.json"); })
+                .find("\"pad_id\" is 18446744073709551615, beyond any size a model can have"),
+            std::string::npos);
 }
 
 // config.json integers are read checking type and range, naming the key; a key given twice is

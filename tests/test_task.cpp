@@ -378,6 +378,20 @@ TEST(Task, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_NE(error_of([] { parse_task("summarise"); }).find("translate, lm or classify"), std::string::npos);
   EXPECT_NE(error_of([&] { TaskInfo::load(dir.path().string()); }).find("task.json"), std::string::npos);
+  // Found by fuzzing (tests/fuzz/fuzz_task_json.cpp): parts of the file silently dropped.
+  const std::string file = dir / "task.json";
+  const auto load_error = [&](const std::string& text) {
+    testing::write_bytes(file, text);
+    return error_of([&] { TaskInfo::load(dir.path().string()); });
+  };
+  EXPECT_NE(load_error(std::string(R"({"task": "lm"})") + '\0' + "garbage")
+                .find(file + ": not valid JSON: NUL byte at offset 14"),
+            std::string::npos);
+  EXPECT_NE(load_error(R"({"task": "classify", "task": "lm"})").find(file + ": duplicate key \"task\""),
+            std::string::npos);
+  EXPECT_NE(load_error(R"({"task": "classify", "labels": ["a", "b", "a"]})").find("label \"a\" appears twice"),
+            std::string::npos);
+  EXPECT_EQ(load_error(R"({"task": "classify", "labels": ["a", "b"], "max_len": 3})"), "no exception");
 }
 
 }  // namespace

@@ -536,6 +536,28 @@ TEST(SentencePiece, RejectsBadOptionsSentencesAndModels) {
   expect_mentions(error_of([] { qkv::parse_sentencepiece("not a model proto", "m.model"); }),
                   {"m.model: not a SentencePiece model"});
   expect_mentions(error_of([] { qkv::parse_sentencepiece("", "m.model"); }), {"m.model: empty file"});
+  // What SentencePiece 0.1.97 would trust (found by fuzzing: tests/fuzz/regressions/sentencepiece/):
+  // a piece its trie cannot hold (darts-clone threw), a normalisation map it would walk out of bounds.
+  const auto parse_error = [](const std::string& proto) {
+    return error_of([&] { qkv::parse_sentencepiece(proto, "m.model"); });
+  };
+  using namespace std::string_literals;
+  expect_mentions(parse_error("\x0a\x05\x0a"s), {"m.model: not a SentencePiece model: malformed protocol buffer"});
+  expect_mentions(parse_error("\x0a\x02\x0a\x00"s), {"m.model: SentencePiece model: piece 0 (at byte 0) is empty"});
+  expect_mentions(parse_error("\x0a\x03\x0a\x01\x61\x0a\x03\x0a\x01\x00"s), {"piece 1 (at byte 5) holds a NUL byte"});
+  const auto varint = [](size_t v) {
+    std::string out;
+    for (; v >= 0x80; v >>= 7) out += static_cast<char>(0x80 | (v & 0x7f));
+    return out + static_cast<char>(v);
+  };
+  const auto with_map = [&](const std::string& map) {  // normalizer_spec { precompiled_charsmap: map }
+    const std::string spec = "\x12"s + varint(map.size()) + map;
+    return "\x1a"s + varint(spec.size()) + spec;
+  };
+  expect_mentions(parse_error(with_map("\x01\x00"s)), {"normalisation map (precompiled_charsmap) is malformed", "2 bytes"});
+  expect_mentions(parse_error(with_map("\x08\x00\x00\x00wxyz"s)), {"a trie of 8 bytes in 4 bytes"});
+  expect_mentions(parse_error(with_map("\x00\x04\x00\x00"s + std::string(1024, '\0'))), {"the trie has a cycle"});
+  expect_mentions(parse_error(with_map("\x04\x00\x00\x00\x00\x04\x00\x00"s)), {"run past the 1-unit trie"});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@
 #include "qkv/task.h"
 #include "qkv/tokenizer.h"
 #include "task_util.h"
+#include "train_json.h"
 
 namespace qkv::cli {
 namespace {
@@ -32,11 +33,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct Options {
-  std::string task = "translate", data, source, target, out, preset = "tiny", config, tokenizer, spm_type = "unigram";
-  int64_t vocab = 0, steps = 0, epochs = 0, max_tokens = 0, eval_every = 0, max_len = 0, warmup = -1;
-  double minutes = 0, lr = 0, valid_fraction = 0.02, test_fraction = 0.02, dropout = -1, label_smoothing = -1;
-  uint64_t seed = 1;
+// RunOptions (train_json.h): the options train.json keeps for --resume.
+struct Options : RunOptions {
+  std::string out, config, tokenizer, spm_type = "unigram";
+  int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1;
+  double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
 };
 
@@ -132,70 +133,21 @@ json options_json(const Options& o) {
           {"eval_every", o.eval_every}, {"data_files", data_identity(o)}};
 }
 
-// The run's data options from DIR/train.json, each checked for its type and range: the file is
-// input like any other.
-void read_train_json(const std::string& path, Options& o) {
-  const json j = detail::parse_json_object(read_file(path, "train.json"), path);
-  auto field = [&](const char* key) -> const json* {
-    const auto it = j.find(key);
-    return it == j.end() ? nullptr : &*it;
-  };
-  auto text = [&](const char* key, std::string& dst) {
-    if (const json* v = field(key)) {
-      check(v->is_string(), path, ": \"", key, "\" must be a string, got ", v->dump());
-      dst = v->get<std::string>();
-    }
-  };
-  auto integer = [&](const char* key, int64_t& dst, int64_t lo, int64_t hi) {
-    if (const json* v = field(key)) {
-      check(v->is_number_integer() && v->get<int64_t>() >= lo && v->get<int64_t>() <= hi &&
-                !(v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)),
-            path, ": \"", key, "\" must be an integer in [", lo, ", ", hi, "], got ", v->dump());
-      dst = v->get<int64_t>();
-    }
-  };
-  auto fraction = [&](const char* key, double& dst) {
-    if (const json* v = field(key)) {
-      check(v->is_number() && std::isfinite(v->get<double>()) && v->get<double>() >= 0 && v->get<double>() <= 0.5,
-            path, ": \"", key, "\" must be a number in [0, 0.5], got ", v->dump());
-      dst = v->get<double>();
-    }
-  };
-  text("task", o.task);
-  text("data", o.data);
-  text("source", o.source);
-  text("target", o.target);
-  text("preset", o.preset);
-  integer("max_tokens", o.max_tokens, 0, 1 << 24);
-  integer("max_len", o.max_len, 0, 1 << 20);
-  fraction("valid_fraction", o.valid_fraction);
-  fraction("test_fraction", o.test_fraction);
-  integer("eval_every", o.eval_every, 0, 1 << 30);
-  if (const json* v = field("seed")) {
-    check(v->is_number_unsigned(), path, ": \"seed\" must be an integer in [0, 2^64), got ", v->dump());
-    o.seed = v->get<uint64_t>();
-  }
-  // The data must be what the run started with, or the split and the batches would differ.
-  if (const json* files = field("data_files")) {
-    check(files->is_array(), path, ": \"data_files\" must be an array, got ", files->dump());
-    for (const json& f : *files) {
-      check(f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("bytes") &&
-                f["bytes"].is_number_unsigned() && f.contains("fnv1a64") && f["fnv1a64"].is_string(),
-            path, ": \"data_files\" entries must be {\"path\", \"bytes\", \"fnv1a64\"}, got ", f.dump());
-      const std::string file = f["path"].get<std::string>();
-      const json now = file_identity(file);
-      check(now["bytes"] == f["bytes"] && now["fnv1a64"] == f["fnv1a64"], "--resume: ", file,
-            " has changed since the run started (", f["bytes"].get<uint64_t>(), " bytes, FNV-1a ",
-            f["fnv1a64"].get<std::string>(), "; now ", now["bytes"].get<uint64_t>(), " bytes, ",
-            now["fnv1a64"].get<std::string>(), "): the split and the batches would differ. Restore the file, "
-            "or start a new run with another --out");
-    }
-  } else {
+// The data must be what the run started with (train.json's data_files), or the split and the
+// batches of the resumed run would differ.
+void check_data_unchanged(const Options& o, const std::string& path) {
+  if (!o.data_files_given) {
     std::fprintf(stderr, "qkv train: note: %s records no data identity (written by an older qkv); the data "
                  "cannot be checked for changes\n", path.c_str());
+    return;
   }
-  check(o.task == "translate" || o.task == "lm" || o.task == "classify", path, ": \"task\" is \"", o.task,
-        "\"; expected translate, lm or classify");
+  for (const DataFile& f : o.data_files) {
+    const json now = file_identity(f.path);
+    check(now["bytes"].get<uint64_t>() == f.bytes && now["fnv1a64"].get<std::string>() == f.fnv1a64, "--resume: ",
+          f.path, " has changed since the run started (", f.bytes, " bytes, FNV-1a ", f.fnv1a64, "; now ",
+          now["bytes"].get<uint64_t>(), " bytes, ", now["fnv1a64"].get<std::string>(),
+          "): the split and the batches would differ. Restore the file, or start a new run with another --out");
+  }
 }
 
 // Removes a model directory this run created if setup fails before the first checkpoint, so
@@ -253,8 +205,10 @@ int run(Options o) {
     check(o.data.empty() && o.source.empty(), "--resume continues with the data the run started with (",
           o.out, "/train.json); --data, --source and --target are not taken");
     // The run's data options come from train.json, so `qkv train --out DIR --resume` is enough.
+    const std::string path = o.out + "/train.json";
     const Options given = o;
-    read_train_json(o.out + "/train.json", o);
+    read_train_json(read_file(path, "train.json"), path, o);
+    check_data_unchanged(o, path);
     check(!given.task_given || given.task == o.task, "--resume: ", o.out, " was trained for --task ", o.task);
   } else {
     check(!fs::exists(ckpt), "--out ", o.out, " already holds a training run (", ckpt,

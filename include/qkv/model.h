@@ -69,7 +69,8 @@ struct ModelConfig {
   // Throws qkv::Error naming the first invalid field.
   void validate() const;
   std::string to_json() const;
-  // Unknown keys, wrong types and invalid values are errors naming `source` and the key.
+  // Unknown or repeated keys, wrong types, integers past int64, invalid values and a NUL byte are
+  // errors naming `source` and the key.
   static ModelConfig from_json(const std::string& text, const std::string& source);
   static ModelConfig load(const std::string& path);
 };

@@ -68,7 +68,8 @@ std::unique_ptr<Tokenizer> parse_gpt2_tokenizer(const std::string& encoder_json_
                                                 const std::string& encoder_name = "encoder.json",
                                                 const std::string& vocab_name = "vocab.bpe");
 
-// SentencePiece from a .model file, or from the serialized ModelProto.
+// SentencePiece from a .model file, or from the serialized ModelProto. Pieces must be non-empty
+// and free of NUL bytes (checked before SentencePiece sees them: its trie throws on either).
 std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file);
 std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name);
 

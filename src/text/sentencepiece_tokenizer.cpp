@@ -3,10 +3,13 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string_view>
 #include <unordered_map>
 
 #include "qkv/error.h"
@@ -104,12 +107,187 @@ std::string exact(double v) {
   return os.str();
 }
 
+// The protocol-buffer wire format, just far enough to check ModelProto's pieces and maps before
+// SentencePiece sees them (check_model below).
+class WireReader {
+ public:
+  WireReader(std::string_view bytes, const std::string& name) : s_(bytes), name_(name) {}
+  bool done() const { return i_ >= s_.size(); }
+  size_t offset() const { return i_; }
+  // field <- the next field's number, wire_type <- its wire type (0 varint, 1 fixed64,
+  // 2 length-delimited, 5 fixed32; groups are never written by SentencePiece).
+  void key(uint64_t& field, int& wire_type) {
+    const uint64_t k = varint();
+    field = k >> 3;
+    wire_type = static_cast<int>(k & 7);
+    if (field == 0 || (wire_type != 0 && wire_type != 1 && wire_type != 2 && wire_type != 5))
+      bad(detail::concat("field ", field, " has wire type ", wire_type));
+  }
+  // The value of a field of `wire_type`: a length-delimited field's bytes, else "".
+  std::string_view value(int wire_type) {
+    if (wire_type == 0) {
+      varint();
+      return {};
+    }
+    const uint64_t len = wire_type == 1 ? 8 : wire_type == 5 ? 4 : varint();
+    if (len > s_.size() - i_) bad(detail::concat("a field of ", len, " bytes runs past the end"));
+    const std::string_view v = s_.substr(i_, static_cast<size_t>(len));
+    i_ += static_cast<size_t>(len);
+    return wire_type == 2 ? v : std::string_view();
+  }
+
+ private:
+  uint64_t varint() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (done()) bad("a varint runs past the end");
+      const unsigned char b = static_cast<unsigned char>(s_[i_++]);
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    bad("a varint longer than 10 bytes");
+  }
+  [[noreturn]] void bad(const std::string& what) const {
+    fail(name_, ": not a SentencePiece model: malformed protocol buffer at byte ", i_, " (", what, ")");
+  }
+
+  std::string_view s_;
+  const std::string& name_;
+  size_t i_ = 0;
+};
+
+// A precompiled normalisation map (NormalizerSpec.precompiled_charsmap): a uint32 n, n bytes of a
+// darts-clone double array, then NUL-terminated replacement strings. SentencePiece walks the
+// array with the bytes of each text as darts-clone's commonPrefixSearch does, without a bounds
+// check, and keeps the first 32 matches in a stack array while reading as many as it counted. So
+// the walk is made here first, from the root over all 256 bytes at every node: each unit it can
+// read lies in the array (a node's 256 children are a whole 256-unit block), each match's string
+// lies in the string part, the trie has no cycle, and no path holds more than 32 matches.
+void check_charsmap(std::string_view blob, const char* which, const std::string& name) {
+  if (blob.empty()) return;  // no map: SentencePiece normalises nothing
+  const auto bad = [&](const std::string& what) {
+    fail(name, ": SentencePiece model: the ", which, " map (precompiled_charsmap) is malformed: ", what);
+  };
+  if (blob.size() < 4) bad(detail::concat(blob.size(), " bytes, less than its 4-byte length field"));
+  uint32_t trie_bytes = 0;
+  for (int i = 0; i < 4; ++i) trie_bytes |= static_cast<uint32_t>(static_cast<unsigned char>(blob[i])) << (8 * i);
+  if (trie_bytes > blob.size() - 4)
+    bad(detail::concat("a trie of ", trie_bytes, " bytes in ", blob.size() - 4, " bytes after the length"));
+  const std::string_view trie = blob.substr(4, trie_bytes), strings = blob.substr(4 + trie_bytes);
+  const size_t n = trie.size() / 4;  // units
+  const auto unit = [&](size_t i) {
+    uint32_t u = 0;
+    for (int k = 0; k < 4; ++k) u |= static_cast<uint32_t>(static_cast<unsigned char>(trie[4 * i + k])) << (8 * k);
+    return u;
+  };
+  // darts-clone's DoubleArrayUnit
+  const auto offset = [](uint32_t u) -> size_t { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+  const auto label = [](uint32_t u) { return u & ((1u << 31) | 0xffu); };
+  const auto has_leaf = [](uint32_t u) { return ((u >> 8) & 1) != 0; };
+  const auto whole_block = [&](size_t q) {
+    if ((q | 0xff) >= n) bad(detail::concat("a node's children at unit ", q, " run past the ", n, "-unit trie"));
+  };
+  if (n == 0) bad("an empty trie");
+  constexpr int kMaxMatches = 32;  // SentencePiece's kMaxTrieResultsSize
+  // most[q] <- the most matches on a path from the node whose children are at q
+  // (-1: not yet visited, -2: on the current path)
+  std::vector<int> most(n, -1);
+  struct Frame {
+    size_t q;
+    int c, best, leaf;  // next byte to try, most matches so far, whether the edge into q matched
+  };
+  std::vector<Frame> stack;
+  const size_t root = offset(unit(0));
+  whole_block(root);
+  most[root] = -2;
+  stack.push_back({root, 0, 0, 0});
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    if (f.c == 256) {
+      const Frame done = f;
+      most[done.q] = done.best;
+      stack.pop_back();
+      if (stack.empty()) break;
+      stack.back().best = std::max(stack.back().best, done.leaf + done.best);
+      if (stack.back().best > kMaxMatches) bad(detail::concat("a path with more than ", kMaxMatches, " matches"));
+      continue;
+    }
+    const uint32_t c = static_cast<uint32_t>(f.c++);
+    const size_t r = f.q ^ c;
+    const uint32_t u = unit(r);
+    if (label(u) != c) continue;  // no child for byte c
+    const size_t child = r ^ offset(u);
+    whole_block(child);
+    const int leaf = has_leaf(u) ? 1 : 0;
+    if (leaf) {
+      const uint32_t v = unit(child) & 0x7fffffffu;
+      if (v >= strings.size() || strings.find('\0', v) == std::string_view::npos)
+        bad(detail::concat("a match's replacement at byte ", v, " is not a NUL-terminated string inside the ",
+                           strings.size(), " bytes of strings"));
+    }
+    if (most[child] == -2) bad("the trie has a cycle");
+    if (most[child] >= 0) {
+      f.best = std::max(f.best, leaf + most[child]);
+      if (f.best > kMaxMatches) bad(detail::concat("a path with more than ", kMaxMatches, " matches"));
+      continue;
+    }
+    most[child] = -2;
+    stack.push_back({child, 0, 0, leaf});
+  }
+  if (most[root] > kMaxMatches) bad(detail::concat("a path with more than ", kMaxMatches, " matches"));
+}
+
+// Checks what SentencePiece 0.1.97 would trust in the ModelProto `bytes`: each piece (field 1)
+// is non-empty and free of NUL bytes (its trie of pieces throws on either), and the maps of
+// normalizer_spec (field 3) and denormalizer_spec (field 5) pass check_charsmap. A singular
+// message field that appears twice is merged by protobuf, so the last precompiled_charsmap
+// (field 2 of either spec) seen is the one that counts.
+void check_model(std::string_view bytes, const std::string& name) {
+  WireReader top(bytes, name);
+  std::string_view maps[2];  // normalizer, denormalizer
+  for (int64_t id = 0; !top.done();) {
+    uint64_t field;
+    int type;
+    const size_t at = top.offset();
+    top.key(field, type);
+    const std::string_view v = top.value(type);
+    if (type != 2 || (field != 1 && field != 3 && field != 5)) continue;
+    // x <- the last field 1 (a piece's text) or field 2 (a spec's map) of the message
+    WireReader sub(v, name);
+    std::optional<std::string_view> x;
+    while (!sub.done()) {
+      uint64_t f;
+      int t;
+      sub.key(f, t);
+      const std::string_view y = sub.value(t);
+      if (t == 2 && f == (field == 1 ? 1u : 2u)) x = y;
+    }
+    if (field != 1) {
+      if (x) maps[field == 3 ? 0 : 1] = *x;
+      continue;
+    }
+    if (!x || x->empty()) fail(name, ": SentencePiece model: piece ", id, " (at byte ", at, ") is empty");
+    if (x->find('\0') != std::string_view::npos)
+      fail(name, ": SentencePiece model: piece ", id, " (at byte ", at, ") holds a NUL byte");
+    ++id;
+  }
+  check_charsmap(maps[0], "normalisation", name);
+  check_charsmap(maps[1], "denormalisation", name);
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name) {
   check(!model_proto.empty(), name, ": empty file (expected a serialized SentencePiece model)");
+  check_model(model_proto, name);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
-  const auto status = sp->LoadFromSerializedProto(model_proto);
+  sentencepiece::util::Status status;
+  try {
+    status = sp->LoadFromSerializedProto(model_proto);
+  } catch (const std::exception& e) {
+    // Not expected after check_model; SentencePiece's own checks return a Status.
+    fail(name, ": not a SentencePiece model: the SentencePiece library threw: ", e.what());
+  }
   check(status.ok(), name, ": not a SentencePiece model (", status_text(status, "its bytes are not a serialized ModelProto"), ")");
   check(sp->GetPieceSize() > 0, name, ": SentencePiece model has no pieces");
   return std::make_unique<SentencePieceTokenizer>(std::move(sp));

@@ -11,6 +11,7 @@
 #include <limits>
 #include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/json_strict.h"
 #include "qkv/data.h"
