@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QKV=${1:-build/qkv}
+# OpenBLAS's best kernel for the CPU for both (bench/torch_best.py); PyTorch flushes denormals.
+export OPENBLAS_CORETYPE=$(/usr/bin/python3 bench/torch_best.py)
+echo "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE for both"
 q=$("$QKV" bench decode --json)
 t=$(/usr/bin/python3 bench/torch_decode.py --json)
 /usr/bin/python3 - "$q" "$t" <<'PY'

@@ -7,10 +7,14 @@ all cores (torch.set_num_threads), best of --reps. Prints one line per case and 
 ceiling torch reaches on the same machine.
 """
 import argparse
+import os
 import json
 import time
 
-import torch
+import torch_best  # before torch: OpenBLAS's best kernel for this CPU
+
+OPENBLAS_PICKED, OPENBLAS_SET = torch_best.choose_openblas_kernel()
+import torch  # noqa: E402
 
 
 def best_time(fn, reps):
@@ -31,12 +35,14 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep-denormals", action="store_true",
+                    help="do not flush denormals (to measure what flushing is worth; slower)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     # Denormal numbers slow PyTorch's CPU kernels several-fold once they appear (an AVX-512
     # machine ran GPT-2-small training at 52-145 tokens/s without this, a steady 158 with it).
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(not a.keep_denormals)
     torch.manual_seed(0)
     n = 2048
     x, y = torch.randn(n, n), torch.randn(n, n)
@@ -64,12 +70,13 @@ def main():
                 flops = 4.0 * T * T * a.dim * a.heads * (0.5 if causal else 1.0) * mult
                 rows.append({"impl": "torch-math", "pass": name, "T": T, "causal": causal, "seconds": t,
                              "gflops": flops / t / 1e9})
+    kernel = os.environ.get("OPENBLAS_CORETYPE", OPENBLAS_PICKED)
     if a.json:
         print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads(), "gemm_gflops": gemm,
-                          "results": rows}, indent=2))
+                          "openblas": kernel, "flush_denormal": not a.keep_denormals, "results": rows}, indent=2))
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"torch.mm {n}x{n}x{n} = {gemm:.1f} GFLOP/s")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, OpenBLAS {kernel}, denormals "
+          f"{'kept' if a.keep_denormals else 'flushed'}, torch.mm {n}x{n}x{n} = {gemm:.1f} GFLOP/s")
     print(f"{'impl':10} {'pass':8} {'T':>6} {'causal':7} {'time (s)':>10} {'GFLOP/s':>9} {'%mm':>6}")
     for r in rows:
         print(f"{r['impl']:10} {r['pass']:8} {r['T']:6d} {'yes' if r['causal'] else 'no':7} {r['seconds']:10.4f} "

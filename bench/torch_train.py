@@ -9,8 +9,8 @@ nn.Transformer), trained with torch.optim.AdamW (fused=False, foreach=True: PyTo
 fastest CPU path) and clip_grad_norm_, on random tokens. Reports tokens/s over the timed steps
 and the process's peak resident memory (ru_maxrss). Run it in its own process, as qkv's bench.
 
-Give PyTorch its best settings: threads = cores (the default here), and if its OpenBLAS fell
-back to the generic Prescott kernel, force the right one with OPENBLAS_CORETYPE (printed below).
+Give PyTorch its best settings: threads = cores (the default here), denormals flushed, and
+OpenBLAS's best kernel for the CPU (torch_best.py: OPENBLAS_CORETYPE, printed below).
 """
 import argparse
 import ctypes
@@ -21,7 +21,10 @@ import resource
 import sys
 import time
 
-import torch
+import torch_best  # before torch: OpenBLAS's best kernel for this CPU
+
+OPENBLAS_PICKED, OPENBLAS_SET = torch_best.choose_openblas_kernel()
+import torch  # noqa: E402
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -95,12 +98,14 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--keep-denormals", action="store_true",
+                    help="do not flush denormals (to measure what flushing is worth; slower)")
     a = ap.parse_args()
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     # Denormal numbers slow PyTorch's CPU kernels several-fold once they appear (an AVX-512
     # machine ran GPT-2-small training at 52-145 tokens/s without this, a steady 158 with it).
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(not a.keep_denormals)
     torch.manual_seed(1)
     encdec = a.model == "transformer-base"
     model = Base() if encdec else GPT()
@@ -128,7 +133,7 @@ def main():
     out = {"model": a.model, "parameters": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
            "threads": torch.get_num_threads(), "s_per_step": per, "best_s_per_step": min(times),
            "tokens_per_s": a.batch * a.seq / per, "peak_rss_mib": peak, "last_loss": loss,
-           "torch": torch.__version__, "blas_core": blas_corename(), "flush_denormal": True}
+           "torch": torch.__version__, "blas_core": blas_corename(), "blas_core_before": OPENBLAS_PICKED, "flush_denormal": not a.keep_denormals}
     if a.json:
         print(json.dumps(out, indent=2))
     else:

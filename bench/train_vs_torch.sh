@@ -9,15 +9,10 @@ cd "$(dirname "$0")/.."
 QKV=${1:-build/qkv}
 STEPS=${STEPS:-6}  # 6 timed steps after a warmup one: 3 were not yet a steady state
 threads=$(nproc)
-# PyTorch's best settings: all cores, and OpenBLAS's right kernel if it fell back to Prescott.
-core=$(/usr/bin/python3 -c "import torch, ctypes
-try:
-    h = ctypes.CDLL('libopenblas.so.0'); h.openblas_get_corename.restype = ctypes.c_char_p; print(h.openblas_get_corename().decode())
-except OSError: print('unknown')")
-if [ "$core" = "Prescott" ] && [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; else export OPENBLAS_CORETYPE=Haswell; fi
-  echo "PyTorch's OpenBLAS fell back to Prescott: running with OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE"
-fi
+# Best settings for both: all cores; for PyTorch denormals flushed; and OpenBLAS's best kernel
+# for the CPU (bench/torch_best.py), for PyTorch's products and qkv's single rows alike.
+export OPENBLAS_CORETYPE=$(/usr/bin/python3 bench/torch_best.py)
+echo "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE for both; ISA: $(grep -q avx512f /proc/cpuinfo && echo AVX-512 || echo AVX2)"
 # This machine's speed drifts by 10-20% from minute to minute (other tenants), so the programs
 # take turns: ROUNDS rounds of qkv then PyTorch per model, and the summary gives the median of
 # the per-round ratios (each from two runs a minute apart) as well as the lowest.
