@@ -1,5 +1,5 @@
-// `qkv train` stopped by real signals at random moments: SIGINT, SIGTERM, and two SIGINTs in a
-// row, sent to the command-line tool while it trains. Every time it must exit with 130 (never a
+// `qkv train` stopped by real signals at random moments: SIGINT, SIGTERM, two SIGINTs in a row,
+// and a second SIGINT while it exits after saving, sent to the command-line tool while it trains. Every time it must exit with 130 (never a
 // crash or an abort), leave a checkpoint that loads, and that checkpoint must resume.
 // The tool's path comes from QKV_BIN (set by ctest).
 #include <gtest/gtest.h>
@@ -126,10 +126,11 @@ TEST(TrainSignals, EveryStopExits130WithALoadableCheckpoint) {
   const unsigned seed = rd();
   std::mt19937 g(seed);
   std::printf("delays from seed %u\n", seed);
-  const int rounds = 10;
+  const int rounds = 12;
   for (int round = 0; round < rounds; ++round) {
     const std::string out = dir / ("run" + std::to_string(round)), log = dir / ("run" + std::to_string(round) + ".log");
-    const int kind = round % 3;  // 0: SIGINT, 1: SIGTERM, 2: SIGINT twice
+    // 0: SIGINT, 1: SIGTERM, 2: SIGINT twice, 3: SIGINT, and another once the checkpoint is saved
+    const int kind = round % 4;
     const pid_t pid = spawn({bin, "--threads", "2", "train", "--task", "translate", "--data", data, "--out", out,
                              "--tokenizer", "byte", "--preset", "tiny", "--max-len", "48", "--max-tokens", "400",
                              "--steps", "100000", "--eval-every", "7", "--seed", std::to_string(round + 1)},
@@ -147,9 +148,18 @@ TEST(TrainSignals, EveryStopExits130WithALoadableCheckpoint) {
       std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(g() % 100)));
       ::kill(pid, SIGINT);
     }
+    if (kind == 3) {  // while it winds down (a zombie, if it has exited already, ignores it)
+      const auto until = Clock::now() + std::chrono::seconds(120);
+      while (read_bytes(log).find("checkpoint saved") == std::string::npos && Clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ::kill(pid, SIGINT);
+    }
     const int status = wait_for(pid, std::chrono::seconds(300));
     const std::string text = read_bytes(log);
-    const char* sig = kind == 1 ? "SIGTERM" : kind == 2 ? "two SIGINTs" : "SIGINT";
+    const char* sig = kind == 1   ? "SIGTERM"
+                      : kind == 2 ? "two SIGINTs"
+                      : kind == 3 ? "SIGINT, and another after the checkpoint"
+                                  : "SIGINT";
     ASSERT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 130)
         << "round " << round << " (" << sig << " after " << delay_ms << " ms): " << describe(status) << "\n"
         << tail(text);

@@ -28,7 +28,10 @@ namespace qkv {
 void block_stop_signals();
 
 // While alive, SIGINT / SIGTERM set flag() (once or many times) instead of ending the process.
-// One at a time. block_stop_signals() must have been called.
+// One at a time. block_stop_signals() must have been called. Once a request that was triggered
+// ends, later stop signals are absorbed: the program is winding down (qkv train has saved its
+// checkpoint and is exiting with 130), and a second Ctrl-C must not kill it half-way.
+// A new StopRequest takes them again.
 class StopRequest {
  public:
   StopRequest();

@@ -16,6 +16,9 @@ namespace qkv {
 namespace {
 
 std::atomic<std::atomic<bool>*> g_target{nullptr};
+// Where signals go once a stop request that was triggered has ended: the program is winding down
+// (saving a checkpoint, exiting), and a second Ctrl-C must not kill it half-way.
+std::atomic<bool> g_absorbed{false};
 std::once_flag g_started;
 std::atomic<bool> g_running{false};
 
@@ -62,10 +65,11 @@ void block_stop_signals() {
 
 StopRequest::StopRequest() {
   check(g_running.load(), "StopRequest: call qkv::block_stop_signals() first (at the start of main)");
-  std::atomic<bool>* expected = nullptr;
-  check(g_target.compare_exchange_strong(expected, &flag_), "StopRequest: only one may exist at a time");
+  std::atomic<bool>* expected = g_target.load();
+  check((expected == nullptr || expected == &g_absorbed) && g_target.compare_exchange_strong(expected, &flag_),
+        "StopRequest: only one may exist at a time");
 }
 
-StopRequest::~StopRequest() { g_target.store(nullptr); }
+StopRequest::~StopRequest() { g_target.store(flag_.load() ? &g_absorbed : nullptr); }
 
 }  // namespace qkv
