@@ -92,7 +92,8 @@ std::vector<DecoderCase> decoder_cases() {
   ModelConfig llama = decoder_config(Positional::Rope);  // GQA, RMSNorm, SwiGLU, separate Q/K/V
   llama.n_kv_heads = 2;
   llama.norm = NormKind::RMSNorm;
-  llama.activation = FeedForward::SwiGLU;
+  llama.activation = Activation::SiLU;
+  llama.gated = true;
   llama.bias = false;
   llama.fused_qkv = false;
   llama.tie_embeddings = true;

@@ -170,11 +170,15 @@ double act_ref(Activation a, double x) {
       const long double u = std::sqrt(2.0L / pi) * (v + 0.044715L * v * v * v);
       return static_cast<double>(v / (1.0L + std::exp(-2.0L * u)));
     }
+    case Activation::SiLU:
+      return static_cast<double>(static_cast<long double>(x) / (1.0L + std::exp(-static_cast<long double>(x))));
   }
   return 0;
 }
 
 double swiglu_ref(double a, double b) { return a / (1.0 + std::exp(-a)) * b; }
+
+constexpr Activation kAll[] = {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh, Activation::SiLU};
 
 const char* name(Activation a) {
   switch (a) {
@@ -184,6 +188,8 @@ const char* name(Activation a) {
       return "GeluErf";
     case Activation::GeluTanh:
       return "GeluTanh";
+    case Activation::SiLU:
+      return "SiLU";
   }
   return "?";
 }
@@ -469,7 +475,7 @@ std::vector<float> activation_inputs(int64_t n, std::mt19937& rng) {
 
 TEST(Activations, MatchDoubleReferenceAndFiniteDifferences) {
   uint32_t seed = 600;
-  for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh})
+  for (Activation a : kAll)
     for (int64_t n : {1, 3, 17, 64, 1000, 40000}) {  // 40000: above the parallel threshold
       SCOPED_TRACE(std::string(name(a)) + " n=" + std::to_string(n));
       std::mt19937 rng(seed++);
@@ -514,7 +520,7 @@ TEST(Activations, PinnedValuesAndEdges) {
   // Saturation: finite everywhere, y -> x or 0 and f' -> 1 or 0, up to the largest float.
   const std::vector<float> big = {1000.0f, -1000.0f, FLT_MAX, -FLT_MAX, 1e20f, -1e20f};
   const std::vector<float> ones(big.size(), 1.0f);
-  for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh}) {
+  for (Activation a : kAll) {
     SCOPED_TRACE(name(a));
     std::vector<float> ys(big.size()), dxs(big.size());
     kernels::activation_forward(a, big.data(), ys.data(), static_cast<int64_t>(big.size()), 1);
@@ -539,7 +545,7 @@ TEST(Activations, NaNPropagatesAsInPyTorch) {
     std::vector<int64_t> nan_at = {0, n / 2, n - 1};
     if (n > 8) x[1] = -0.0f, x[2] = 0.0f, x[3] = INFINITY, x[4] = -INFINITY;
     for (int64_t k : nan_at) x[k] = nan;
-    for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh}) {
+    for (Activation a : kAll) {
       SCOPED_TRACE(std::string(name(a)) + " n=" + std::to_string(n));
       std::vector<float> y(n), dx(n), y2(n), d(n);
       kernels::activation_forward(a, x.data(), y.data(), n, kThreads);
@@ -566,47 +572,69 @@ TEST(Activations, NaNPropagatesAsInPyTorch) {
         ASSERT_EQ(d[k], x[k] > 0.0f ? 1.0f : 0.0f) << "x = " << x[k];
       }
     }
-    // SwiGLU: silu(a) b with a NaN in either input
+    // Gated: f(a) b with a NaN in a (every f; ReLU keeps the NaN, so its gradient da = dy b
+    // stays finite while db = dy NaN is NaN)
     std::vector<float> b = randn(n, rng), y(n), da(n), db(n);
-    kernels::swiglu_forward(x.data(), b.data(), y.data(), n, kThreads);
-    kernels::swiglu_backward(x.data(), b.data(), dy.data(), da.data(), db.data(), n, kThreads);
-    for (int64_t k : nan_at) EXPECT_TRUE(std::isnan(y[k]) && std::isnan(da[k]) && std::isnan(db[k])) << "swiglu " << k;
-  }
-}
-
-TEST(SwiGlu, MatchesDoubleReferenceAndFiniteDifferences) {
-  uint32_t seed = 700;
-  for (int64_t n : {1, 3, 17, 64, 1000, 40000}) {
-    SCOPED_TRACE("n=" + std::to_string(n));
-    std::mt19937 rng(seed++);
-    const std::vector<float> a = activation_inputs(n, rng), b = randn(n, rng), dy = randn(n, rng);
-    std::vector<float> y(n), da(n), db(n);
-    kernels::swiglu_forward(a.data(), b.data(), y.data(), n, kThreads);
-    kernels::swiglu_backward(a.data(), b.data(), dy.data(), da.data(), db.data(), n, kThreads);
-
-    std::vector<double> ad = to_double(a), bd = to_double(b), y_ref(n), da_fd(n), db_fd(n);
-    for (int64_t k = 0; k < n; ++k) {
-      y_ref[k] = swiglu_ref(ad[k], bd[k]);
-      auto loss = [&] { return swiglu_ref(ad[k], bd[k]) * dy[k]; };
-      da_fd[k] = central_diff(ad[k], loss);
-      db_fd[k] = central_diff(bd[k], loss);
+    for (Activation a : kAll) {
+      kernels::gated_forward(a, x.data(), b.data(), y.data(), n, kThreads);
+      kernels::gated_backward(a, x.data(), b.data(), dy.data(), da.data(), db.data(), n, kThreads);
+      for (int64_t k : nan_at)
+        EXPECT_TRUE(std::isnan(y[k]) && (a == Activation::ReLU || std::isnan(da[k])) && std::isnan(db[k]))
+            << "gated " << name(a) << " " << k;
     }
-    const std::vector<int64_t> every = all_indices(n);
-    EXPECT_TRUE(close_at("swiglu y", y, y_ref, every, 1e-30, 2.5e-7));
-    EXPECT_TRUE(close_at("swiglu da", da, da_fd, every, 1e-8, 1e-6));
-    EXPECT_TRUE(close_at("swiglu db", db, db_fd, every, 1e-8, 1e-6));
   }
 }
 
-TEST(SwiGlu, StableForLargeInputs) {
+TEST(Gated, MatchesDoubleReferenceAndFiniteDifferences) {
+  // f(a) * b for every activation: SwiGLU (SiLU), GeGLU (GELU, both forms), ReGLU
+  uint32_t seed = 700;
+  for (Activation f : kAll)
+    for (int64_t n : {1, 3, 17, 64, 1000, 40000}) {
+      SCOPED_TRACE(std::string(name(f)) + " n=" + std::to_string(n));
+      std::mt19937 rng(seed++);
+      const std::vector<float> a = activation_inputs(n, rng), b = randn(n, rng), dy = randn(n, rng);
+      std::vector<float> y(n), da(n), db(n);
+      kernels::gated_forward(f, a.data(), b.data(), y.data(), n, kThreads);
+      kernels::gated_backward(f, a.data(), b.data(), dy.data(), da.data(), db.data(), n, kThreads);
+
+      std::vector<double> ad = to_double(a), bd = to_double(b), y_ref(n), da_fd(n), db_fd(n);
+      std::vector<int64_t> fd_at;
+      for (int64_t k = 0; k < n; ++k) {
+        y_ref[k] = act_ref(f, ad[k]) * bd[k];
+        auto loss = [&] { return act_ref(f, ad[k]) * bd[k] * dy[k]; };
+        db_fd[k] = central_diff(bd[k], loss);
+        if (f == Activation::ReLU && std::fabs(ad[k]) < 1e-4) continue;  // the kink
+        da_fd[k] = central_diff(ad[k], loss);
+        fd_at.push_back(k);
+      }
+      const std::vector<int64_t> every = all_indices(n);
+      EXPECT_TRUE(close_at("gated y", y, y_ref, every, 1e-30, 2.5e-7));
+      EXPECT_TRUE(close_at("gated da", da, da_fd, fd_at, 1e-8, 1e-6));
+      EXPECT_TRUE(close_at("gated db", db, db_fd, every, 1e-8, 1e-6));
+    }
+}
+
+TEST(Gated, SiLUIsTheSwiGLUOfTheReference) {
+  // gated SiLU against the plain SwiGLU formula a sigmoid(a) b, in double
+  std::mt19937 rng(701);
+  const int64_t n = 4096;
+  const std::vector<float> a = activation_inputs(n, rng), b = randn(n, rng);
+  std::vector<float> y(n);
+  kernels::gated_forward(Activation::SiLU, a.data(), b.data(), y.data(), n, kThreads);
+  std::vector<double> ref(n);
+  for (int64_t k = 0; k < n; ++k) ref[k] = swiglu_ref(a[k], b[k]);
+  EXPECT_TRUE(close_at("swiglu y", y, ref, all_indices(n), 1e-30, 2.5e-7));
+}
+
+TEST(Gated, SiLUStableForLargeInputs) {
   // Exact limits at +-1000 and +-FLT_MAX; at +-89 and +-100 (where a float exp(-a) would
   // overflow) values within 2.5e-7 of the double reference (tiny, subnormal ones within 1e-44).
   const std::vector<float> a = {1000.0f, -1000.0f, FLT_MAX, -FLT_MAX, 100.0f, -100.0f, 89.0f, -89.0f};
   const int64_t n = static_cast<int64_t>(a.size());
   const std::vector<float> b(n, 0.5f), dy(n, 1.0f);  // no result overflows float
   std::vector<float> y(n), da(n), db(n);
-  kernels::swiglu_forward(a.data(), b.data(), y.data(), n, 1);
-  kernels::swiglu_backward(a.data(), b.data(), dy.data(), da.data(), db.data(), n, 1);
+  kernels::gated_forward(Activation::SiLU, a.data(), b.data(), y.data(), n, 1);
+  kernels::gated_backward(Activation::SiLU, a.data(), b.data(), dy.data(), da.data(), db.data(), n, 1);
   for (int64_t k = 0; k < n; ++k) {
     SCOPED_TRACE("a = " + std::to_string(a[k]));
     EXPECT_FALSE(std::isnan(y[k]) || std::isnan(da[k]) || std::isnan(db[k]));
@@ -630,7 +658,7 @@ TEST(Activations, ForwardWithDerivativeMatchesSeparatePasses) {
   // activation_forward_grad: y bit for bit as activation_forward, and dy * f'(x) through
   // multiply() within one float rounding of activation_backward (which rounds dy f'(x) once).
   uint32_t seed = 650;
-  for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh})
+  for (Activation a : kAll)
     for (int64_t n : {1, 5, 1000, 40000}) {
       SCOPED_TRACE(std::string(name(a)) + " n=" + std::to_string(n));
       std::mt19937 rng(seed++);
@@ -660,25 +688,27 @@ TEST(Activations, ForwardWithDerivativeMatchesSeparatePasses) {
 TEST(Activations, EmptyAndThreadCountIndependent) {
   kernels::activation_forward(Activation::GeluTanh, nullptr, nullptr, 0, 3);
   kernels::activation_backward(Activation::GeluErf, nullptr, nullptr, nullptr, 0, 3);
-  kernels::swiglu_forward(nullptr, nullptr, nullptr, 0, 3);
-  kernels::swiglu_backward(nullptr, nullptr, nullptr, nullptr, nullptr, 0, 3);
+  kernels::gated_forward(Activation::SiLU, nullptr, nullptr, nullptr, 0, 3);
+  kernels::gated_backward(Activation::GeluErf, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 3);
 
   std::mt19937 rng(800);
   const int64_t n = 50000;
   const std::vector<float> x = randn(n, rng, 0.0f, 3.0f), b = randn(n, rng), dy = randn(n, rng);
   auto run = [&](int threads) {
     std::vector<float> out;
-    for (Activation a : {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh}) {
+    for (Activation a : kAll) {
       std::vector<float> y(n), dx(n);
       kernels::activation_forward(a, x.data(), y.data(), n, threads);
       kernels::activation_backward(a, x.data(), dy.data(), dx.data(), n, threads);
       out.insert(out.end(), y.begin(), y.end());
       out.insert(out.end(), dx.begin(), dx.end());
     }
-    std::vector<float> y(n), da(n), db(n);
-    kernels::swiglu_forward(x.data(), b.data(), y.data(), n, threads);
-    kernels::swiglu_backward(x.data(), b.data(), dy.data(), da.data(), db.data(), n, threads);
-    for (const auto* v : {&y, &da, &db}) out.insert(out.end(), v->begin(), v->end());
+    for (Activation a : kAll) {
+      std::vector<float> y(n), da(n), db(n);
+      kernels::gated_forward(a, x.data(), b.data(), y.data(), n, threads);
+      kernels::gated_backward(a, x.data(), b.data(), dy.data(), da.data(), db.data(), n, threads);
+      for (const auto* v : {&y, &da, &db}) out.insert(out.end(), v->begin(), v->end());
+    }
     return out;
   };
   const std::vector<float> one = run(1);

@@ -700,6 +700,40 @@ TEST(Sinusoidal, OddDimension) {
   kernels::sinusoidal_positions(nullptr, 8, 0, 0);
 }
 
+// Split-half (Hugging Face Marian): sines of every frequency first, then the cosines, written here
+// as HF builds it: position_enc[pos][j] = pos / 10000^(2 (j // 2) / D) for j in [0, D); the sines
+// of the even j fill columns [0, ceil(D/2)), the cosines of the odd j the rest.
+TEST(Sinusoidal, SplitHalfLayoutIsHuggingFacesMarian) {
+  for (int64_t D : {8, 7, 1, 512}) {
+    SCOPED_TRACE("D=" + std::to_string(D));
+    const int64_t T = 40, offset = 3, h = (D + 1) / 2;
+    std::vector<float> out(T * D, NAN);
+    kernels::sinusoidal_positions(out.data(), T, D, offset, kernels::SinusoidalLayout::SplitHalf);
+    std::vector<double> ref(T * D);
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t sin_col = 0, cos_col = h;
+      for (int64_t j = 0; j < D; ++j) {
+        const double enc = static_cast<double>(offset + t) / std::pow(10000.0, 2.0 * static_cast<double>(j / 2) / D);
+        if (j % 2 == 0) {
+          ref[t * D + sin_col++] = std::sin(enc);
+        } else {
+          ref[t * D + cos_col++] = std::cos(enc);
+        }
+      }
+    }
+    EXPECT_TRUE(all_close("split half", out, ref, 1e-7, 1e-6));
+    // the interleaved layout holds the same numbers, columns permuted
+    const std::vector<float> inter = sinusoidal_run(T, D, offset);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t i = 0; i < h; ++i) {
+        ASSERT_EQ(out[t * D + i], inter[t * D + 2 * i]);
+        if (h + i < D) {
+          ASSERT_EQ(out[t * D + h + i], inter[t * D + 2 * i + 1]);
+        }
+      }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Learning-rate schedules
 

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <random>
@@ -21,7 +22,9 @@
 #include "error_testing.h"
 #include "file_testing.h"
 #include "qkv/autograd.h"
+#include "qkv/files.h"
 #include "qkv/model.h"
+#include "qkv/npy.h"
 #include "qkv/ops.h"
 
 namespace qkv {
@@ -133,7 +136,10 @@ TEST(Ops, ActivationsSwigluDropout) {
   gradcheck("relu", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::ReLU); }, 16, 0.05f);
   gradcheck("gelu", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::GeluErf); });
   gradcheck("gelu tanh", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::GeluTanh); });
-  gradcheck("swiglu", {x}, [&](Tape& t) { return ops::swiglu(t, x); });
+  gradcheck("silu", {x}, [&](Tape& t) { return ops::activation(t, x, Activation::SiLU); });
+  gradcheck("swiglu", {x}, [&](Tape& t) { return ops::gated(t, x, Activation::SiLU); });
+  gradcheck("geglu", {x}, [&](Tape& t) { return ops::gated(t, x, Activation::GeluErf); });
+  gradcheck("geglu tanh", {x}, [&](Tape& t) { return ops::gated(t, x, Activation::GeluTanh); });
   gradcheck("dropout", {x}, [&](Tape& t) { return ops::dropout(t, x, 0.4f, 11, 3); });
   Tape t;
   Var y = ops::dropout(t, x, 0.4f, 11, 3);
@@ -335,7 +341,7 @@ void model_gradcheck(const ModelConfig& c, const std::string& what) {
 
 TEST(Models, DecoderGradientsEveryVariant) {
   ModelConfig c = tiny(Arch::Decoder);
-  c.activation = FeedForward::Gelu;
+  c.activation = Activation::GeluErf;
   for (Positional pos : {Positional::Sinusoidal, Positional::Learned, Positional::Rope, Positional::Alibi,
                          Positional::None}) {
     c.positional = pos;
@@ -344,7 +350,8 @@ TEST(Models, DecoderGradientsEveryVariant) {
   }
   c.positional = Positional::Rope;
   c.norm = NormKind::RMSNorm;
-  c.activation = FeedForward::SwiGLU;
+  c.activation = Activation::SiLU;
+  c.gated = true;
   c.n_kv_heads = 1;
   c.bias = false;
   c.tie_embeddings = true;
@@ -356,7 +363,7 @@ TEST(Models, EncoderDecoderAndClassifierGradients) {
   // Smooth activations: finite differences across ReLU's corner are meaningless (ReLU's own
   // backward is checked in Ops.ActivationsSwigluDropout, away from the corner).
   ModelConfig c = tiny(Arch::EncoderDecoder);
-  c.activation = FeedForward::Gelu;
+  c.activation = Activation::GeluErf;
   c.scale_embeddings = true;
   model_gradcheck(c, "encoder-decoder post-norm");
   c.norm_first = true;
@@ -365,7 +372,7 @@ TEST(Models, EncoderDecoderAndClassifierGradients) {
   c.d_v = 5;
   model_gradcheck(c, "encoder-decoder pre-norm, separate projections, Dk != Dv");
   ModelConfig k = tiny(Arch::EncoderClassifier);
-  k.activation = FeedForward::GeluTanh;
+  k.activation = Activation::GeluTanh;
   model_gradcheck(k, "classifier mean pooling");
   k.pooling = Pooling::First;
   k.positional = Positional::Learned;
@@ -420,7 +427,8 @@ TEST(Models, ShiftRightIsTeacherForcing) {
 TEST(Models, ConfigJsonRoundTripAndStrictness) {
   ModelConfig c = tiny(Arch::EncoderDecoder);
   c.positional = Positional::Rope;
-  c.activation = FeedForward::SwiGLU;
+  c.activation = Activation::SiLU;
+  c.gated = true;
   const ModelConfig d = ModelConfig::from_json(c.to_json(), "c.json");
   EXPECT_EQ(d.to_json(), c.to_json());
   EXPECT_NE(error_of([] { ModelConfig::from_json(R"({"vocab_size": 5, "d_modle": 4})", "x.json"); })
@@ -493,7 +501,8 @@ TEST(Models, ParameterCountEqualsTheBuiltModel) {
     c.n_kv_heads = 1;
     c.d_k = 3;
     c.d_v = 5;
-    c.activation = FeedForward::SwiGLU;
+    c.activation = Activation::SiLU;
+    c.gated = true;
     c.norm = NormKind::RMSNorm;
     c.bias = false;
     c.final_norm = false;
@@ -628,6 +637,72 @@ TEST(Models, InitIsSeeded) {
     }
   }
   EXPECT_TRUE(differs);
+}
+
+}  // namespace
+}  // namespace qkv
+
+namespace qkv {
+namespace {
+
+// Model directories written by qkv before the model became a composition of parts (commit
+// 8b95a9c: config.json with "activation": "swiglu" and no "gated"), with the logits that qkv
+// computed for their inputs (`qkv --threads 1 forward`). The parts must give the same numbers.
+TEST(Models, DirectoriesSavedBeforeTheRedesignGiveTheirLogits) {
+  const char* data = std::getenv("QKV_TEST_DATA");
+  ASSERT_NE(data, nullptr) << "QKV_TEST_DATA is not set (ctest sets it)";
+  const std::string root = std::string(data) + "/legacy_models/";
+  int seen = 0;
+  for (const char* name : {"decoder_swiglu_rope_gqa", "decoder_learned_gelu_tanh_tied", "decoder_alibi_relu_postnorm",
+                           "encdec_sinusoidal_scaled", "encdec_learned_gelu_prenorm", "classifier_mean_gelu",
+                           "classifier_first_rope"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = root + name;
+    const Model m = Model::load(dir);
+    Batch b;
+    b.input = read_npy(dir + "/input.npy");
+    if (m.config().arch == Arch::EncoderDecoder) b.decoder_input = read_npy(dir + "/decoder_input.npy");
+    Tape tape;
+    tape.recording = false;
+    const Tensor got = m.logits(tape, b)->value, want = read_npy(dir + "/logits.npy");
+    ASSERT_EQ(got.shape(), want.shape());
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      worst = std::max(worst, std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]));
+      scale = std::max(scale, std::fabs(static_cast<double>(want.data<float>()[i])));
+    }
+    EXPECT_GT(scale, 0.1) << "the stored logits are too small to test anything";
+    EXPECT_LE(worst, 1e-6 * scale) << "largest difference " << worst << " against logits up to " << scale;
+    ++seen;
+  }
+  EXPECT_EQ(seen, 7);
+}
+
+TEST(Models, LegacySwigluConfigReadsAsGatedSilu) {
+  const char* data = std::getenv("QKV_TEST_DATA");
+  ASSERT_NE(data, nullptr);
+  const std::string path = std::string(data) + "/legacy_models/decoder_swiglu_rope_gqa/config.json";
+  const ModelConfig c = ModelConfig::load(path);
+  EXPECT_EQ(c.activation, Activation::SiLU);
+  EXPECT_TRUE(c.gated);
+  // written back in the new form, read back the same
+  const std::string j = c.to_json();
+  EXPECT_NE(j.find("\"activation\": \"silu\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"gated\": true"), std::string::npos) << j;
+  const ModelConfig again = ModelConfig::from_json(j, "again");
+  EXPECT_EQ(again.activation, Activation::SiLU);
+  EXPECT_TRUE(again.gated);
+  // "swiglu" with "gated": false contradicts itself
+  std::string bad = read_file(path, "config.json");
+  bad.insert(bad.find('{') + 1, "\"gated\": false,");
+  const std::string e = testing::error_of([&] { ModelConfig::from_json(bad, "bad.json"); });
+  for (const char* part : {"bad.json", "swiglu", "gated"}) EXPECT_NE(e.find(part), std::string::npos) << e;
+  // GeGLU: any activation may be gated
+  std::string geglu = j;
+  geglu.replace(geglu.find("\"silu\""), 6, "\"gelu\"");
+  const ModelConfig g = ModelConfig::from_json(geglu, "geglu.json");
+  EXPECT_EQ(g.activation, Activation::GeluErf);
+  EXPECT_TRUE(g.gated);
 }
 
 }  // namespace

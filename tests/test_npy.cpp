@@ -18,6 +18,7 @@
 
 #include "error_testing.h"
 #include "file_testing.h"
+#include "qkv/files.h"
 #include "qkv/npy.h"
 
 namespace {

@@ -611,7 +611,8 @@ TEST(Train, WeightDecayFlagsExactlyTheProjectionMatrices) {
   ModelConfig d = small_decoder(0.0);
   configs.push_back(d);
   d.fused_qkv = false;
-  d.activation = FeedForward::SwiGLU;
+  d.activation = Activation::SiLU;
+  d.gated = true;
   d.norm = NormKind::RMSNorm;
   d.positional = Positional::Rope;
   configs.push_back(d);

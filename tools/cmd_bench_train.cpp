@@ -39,7 +39,7 @@ ModelConfig bench_preset(const std::string& name) {
     c.n_heads = 12;
     c.d_ff = 3072;
     c.n_layers = 12;
-    c.activation = FeedForward::GeluTanh;
+    c.activation = Activation::GeluTanh;
     c.norm_first = true;
     c.positional = Positional::Learned;
     c.max_len = 1024;

@@ -8,6 +8,7 @@
 #include "commands.h"
 #include "qkv/data.h"
 #include "qkv/error.h"
+#include "qkv/files.h"
 #include "qkv/npy.h"
 
 namespace qkv::cli {

@@ -21,6 +21,7 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "io/json_strict.h"
+#include "qkv/files.h"
 #include "qkv/qkv.h"
 #include "qkv/task.h"
 #include "qkv/tokenizer.h"
@@ -76,7 +77,7 @@ ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tok
       case Task::LanguageModel:
         c.arch = Arch::Decoder;
         c.positional = Positional::Learned;
-        c.activation = FeedForward::Gelu;
+        c.activation = Activation::GeluErf;
         c.tie_embeddings = true;
         c.max_len = o.max_len;  // the learned table holds exactly the window (--max-len)
         break;

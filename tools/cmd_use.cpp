@@ -14,6 +14,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "qkv/files.h"
 #include "qkv/qkv.h"
 #include "qkv/metrics.h"
 #include "qkv/task.h"

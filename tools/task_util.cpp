@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "qkv/error.h"
+#include "qkv/files.h"
 #include "qkv/npy.h"
 
 namespace qkv::cli {

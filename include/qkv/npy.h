@@ -4,7 +4,6 @@
 #pragma once
 #include <string>
 
-#include "qkv/files.h"  // read_file, write_file_atomic (for the files that include only this header)
 #include "qkv/tensor.h"
 
 namespace qkv {

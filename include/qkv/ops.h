@@ -7,12 +7,11 @@
 #pragma once
 #include <cstdint>
 
+#include "qkv/activation.h"
 #include "qkv/attention.h"
 #include "qkv/autograd.h"
 
 namespace qkv {
-
-enum class Activation { ReLU, GeluErf, GeluTanh };
 
 namespace ops {
 
@@ -44,8 +43,8 @@ Var rms_norm(Tape& tape, const Var& x, const Var& gamma, float eps);
 // Elementwise f(x).
 Var activation(Tape& tape, const Var& x, Activation f);
 
-// silu(x[..., :F]) * x[..., F:]   x: (..., 2F)  ->  (..., F)
-Var swiglu(Tape& tape, const Var& x);
+// Gated: f(x[..., :F]) * x[..., F:] (SwiGLU: f = SiLU; GeGLU: f = GELU)   x: (..., 2F)  ->  (..., F)
+Var gated(Tape& tape, const Var& x, Activation f);
 
 // Inverted dropout with a counter-based mask: element i is kept iff hash(seed, stream, i)
 // passes, so backward regenerates the mask instead of storing it. p == 0 returns x itself.

@@ -10,8 +10,6 @@
 #include <set>
 #include <utility>
 
-#include "kernels/positional.h"
-#include "kernels/rope.h"
 #include "models/model_impl.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
@@ -24,129 +22,89 @@ namespace {
 
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 
-// Columns [begin, begin + width) of a (B, T, R) tensor, as a new contiguous (B, T, width) one.
-Tensor columns(const Tensor& t, int64_t begin, int64_t width) {
-  const int64_t B = t.size(0), T = t.size(1), R = t.size(2);
-  if (begin == 0 && width == R) return t;
-  Tensor out = Tensor::empty({B, T, width});
-  const float* src = t.data<float>();
-  float* dst = out.data<float>();
-  for (int64_t r = 0; r < B * T; ++r) std::copy(src + r * R + begin, src + r * R + begin + width, dst + r * width);
-  return out;
-}
-
 // One row's captured attention: for each fed position (or generated token), its weights.
 using CaptureRows = std::vector<std::vector<float>>;
 
-// The decoder of a model, run token by token over a cache. Row b's tokens sit at cache indices
-// 0, 1, ... (its positions); rows may have different lengths.
+// The decoder of a model, run token by token over a cache: the model's own parts (embedder,
+// stack, head) with a LayerCache per layer, or with none (use_cache = false: every step
+// recomputes the whole prefix through the training forward pass, the slow twin the cache is
+// tested against). Row b's tokens sit at cache indices 0, 1, ... (its positions); rows may have
+// different lengths.
 class Session {
  public:
   // name: the API function, for messages ("generate", "translate")
   Session(const Model& model, int64_t B, int64_t Tmax, const GenerateConfig& g, const char* name)
-      : cfg_(model.config()), m_(model.impl()), name_(name), B_(B), Tmax_(Tmax) {
+      : cfg_(model.config()), m_(model.impl()), name_(name), B_(B), Tmax_(Tmax), cached_(g.use_cache) {
     tape_.recording = false;
     const bool encdec = cfg_.arch == Arch::EncoderDecoder;
-    const int64_t L = encdec ? static_cast<int64_t>(m_.dec_layers.size()) : static_cast<int64_t>(m_.enc_layers.size());
+    const int64_t L = encdec ? static_cast<int64_t>(m_.decoder.layers.size()) : static_cast<int64_t>(m_.stack.layers.size());
     const int64_t G = cfg_.kv_heads(), Dk = cfg_.head_dim_k(), Dv = cfg_.head_dim_v();
-    self_.resize(static_cast<size_t>(L));
-    for (KV& kv : self_) {
-      kv.k = Tensor::empty({B, G, Tmax, Dk});
-      kv.v = Tensor::empty({B, G, Tmax, Dv});
+    if (cached_) {
+      caches_.resize(static_cast<size_t>(L));
+      for (nn::LayerCache& lc : caches_) {
+        lc.self.k = Tensor::empty({B, G, Tmax, Dk});
+        lc.self.v = Tensor::empty({B, G, Tmax, Dv});
+      }
     }
+    check(cached_ || !g.capture_attention, name_, ": attention capture needs the cache (use_cache)");
     if (g.capture_attention) {
       capture_layer_ = g.attention_layer < 0 ? L + g.attention_layer : g.attention_layer;
       check(capture_layer_ >= 0 && capture_layer_ < L, name_, ": attention_layer ", g.attention_layer,
             " is outside the model's ", L, encdec ? " decoder layers" : " layers");
       check(g.attention_head >= 0 && g.attention_head < cfg_.n_heads, name_, ": attention_head ", g.attention_head,
             " is outside the model's ", cfg_.n_heads, " heads");
-      capture_head_ = g.attention_head;
+      // decoder-only: self-attention over prompt + generated; encoder-decoder: cross-attention
+      nn::LayerCache& lc = caches_[static_cast<size_t>(capture_layer_)];
+      (encdec ? lc.cross : lc.self).capture_head = g.attention_head;
       captured_.resize(static_cast<size_t>(B));
     }
   }
 
-  // Encoder-decoder: the encoder output (B, S, D) and source lengths (B); each cross-attention
-  // layer's keys and values are computed here, once.
+  // Encoder-decoder: the encoder output (B, S, D) and source lengths (B). Each cross-attention
+  // layer computes its keys and values from it on the first step (with the cache: once).
   void set_memory(const Tensor& memory, const Tensor& src_lengths) {
     src_lengths_ = src_lengths;
-    Var mem = make_var(memory);
-    cross_.clear();
-    for (const nn::DecoderLayer& layer : m_.dec_layers) {
-      const nn::MultiHeadAttention& a = layer.cross_attn;
-      const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
-      KV kv;
-      if (a.fused) {
-        // [K | V] <- memory W_in[K, V rows]^T + b
-        const Tensor both = ops::linear(tape_, mem, a.in_w, a.in_b, H * Dk, a.rows())->value;
-        kv.k = columns(both, 0, G * Dk);
-        kv.v = columns(both, G * Dk, G * Dv);
-      } else {
-        kv.k = ops::linear(tape_, mem, a.k_w, a.in_b, 0, -1, H * Dk)->value;
-        kv.v = ops::linear(tape_, mem, a.v_w, a.in_b, 0, -1, H * Dk + G * Dk)->value;
-      }
-      cross_.push_back(std::move(kv));
-    }
+    memory_ = make_var(memory);
   }
 
   // Runs ids (B, Tn), row-major, through the decoder: row b's token i at position pos[b] + i.
-  // Either every pos[b] is equal (a prefill of right-padded rows: a row's padding comes after
-  // its tokens, so the causal mask hides it, and later steps overwrite its cache entries) or
-  // Tn == 1. Returns the logits (B, V) of token last[b] of each row.
+  // Either every pos[b] is equal or Tn == 1 (nn::Step); without the cache, every pos[b] is 0.
+  // Returns the logits (B, V) of token last[b] of each row.
   Tensor run(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos,
              const std::vector<int64_t>& last) {
-    const bool uniform = std::all_of(pos.begin(), pos.end(), [&](int64_t p) { return p == pos[0]; });
-    check(uniform || Tn == 1, name_, ": internal: ragged positions need one token per step");
+    nn::Step step{pos, Tn};
+    check(step.uniform() || Tn == 1, name_, ": internal: ragged positions need one token per step");
+    check(cached_ || std::all_of(pos.begin(), pos.end(), [](int64_t p) { return p == 0; }), name_,
+          ": internal: without the cache every step starts at position 0");
     for (int64_t b = 0; b < B_; ++b)
       check(pos[b] + Tn <= Tmax_, name_, ": position ", pos[b] + Tn - 1, " is beyond the cache's ", Tmax_);
-    nn::Context c{tape_, false, 0.0f, 0, 0};
-    Var x = make_var(embed(ids, Tn, pos));
-    const bool encdec = cfg_.arch == Arch::EncoderDecoder;
-    if (!encdec) {
-      for (size_t l = 0; l < m_.enc_layers.size(); ++l) {
-        const nn::EncoderLayer& L = m_.enc_layers[l];
-        auto sa = [&](const Var& h) { return self_attention(L.self_attn, h, l, Tn, pos, uniform); };
-        if (L.norm_first) {
-          // x <- x + sa(norm1(x));  x <- x + ff(norm2(x))
-          Var h = ops::add(tape_, x, sa(L.norm1(c, x)));
-          x = ops::add(tape_, h, L.ff(c, L.norm2(c, h)));
-        } else {
-          // x <- norm1(x + sa(x));  x <- norm2(x + ff(x))
-          Var h = L.norm1(c, ops::add(tape_, x, sa(x)));
-          x = L.norm2(c, ops::add(tape_, h, L.ff(c, h)));
-        }
-      }
-      if (m_.has_enc_norm) x = m_.enc_norm(c, x);
+    Tensor idt({B_, Tn}, DType::I64);
+    std::copy(ids.begin(), ids.end(), idt.data<int64_t>());
+    nn::Context c{tape_, false, 0.0f, 0, 0, cached_ ? &step : nullptr};
+    std::vector<nn::LayerCache>* caches = cached_ ? &caches_ : nullptr;
+    Var x = m_.embed(c, idt);
+    if (cfg_.arch == Arch::EncoderDecoder) {
+      x = m_.decoder(c, x, memory_, Model::Impl::self_spec(true, Tensor()), Model::Impl::cross_spec(src_lengths_),
+                     caches);
     } else {
-      for (size_t l = 0; l < m_.dec_layers.size(); ++l) {
-        const nn::DecoderLayer& L = m_.dec_layers[l];
-        auto sa = [&](const Var& h) { return self_attention(L.self_attn, h, l, Tn, pos, uniform); };
-        auto ca = [&](const Var& h) { return cross_attention(L.cross_attn, h, l, Tn); };
-        if (L.norm_first) {
-          Var h = ops::add(tape_, x, sa(L.norm1(c, x)));
-          h = ops::add(tape_, h, ca(L.norm2(c, h)));
-          x = ops::add(tape_, h, L.ff(c, L.norm3(c, h)));
-        } else {
-          Var h = L.norm1(c, ops::add(tape_, x, sa(x)));
-          h = L.norm2(c, ops::add(tape_, h, ca(h)));
-          x = L.norm3(c, ops::add(tape_, h, L.ff(c, h)));
-        }
-      }
-      if (m_.has_dec_norm) x = m_.dec_norm(c, x);
+      x = m_.stack(c, x, Model::Impl::self_spec(true, Tensor()), caches);
     }
+    collect_capture(pos, Tn);
     // logits <- x[b, last_b] W_out^T   (only the rows that predict the next token)
     const int64_t D = cfg_.d_model;
     Tensor sel = Tensor::empty({B_, D});
     const float* px = x->value.data<float>();
     for (int64_t b = 0; b < B_; ++b)
       std::copy(px + (b * Tn + last[b]) * D, px + (b * Tn + last[b] + 1) * D, sel.data<float>() + b * D);
-    return ops::linear(tape_, make_var(sel), m_.lm_head, nullptr)->value;
+    return m_.lm_head(c, make_var(sel))->value;
   }
 
-  // Cache rows reordered: new row r <- old row from[r] (beam search).
+  // Cache rows reordered: new row r <- old row from[r] (beam search). Cross-attention caches stay:
+  // a request's beams share its source.
   void reorder(const std::vector<int64_t>& from, int64_t filled) {
-    for (KV& kv : self_) {
-      kv.k = gather_rows(kv.k, from, filled);
-      kv.v = gather_rows(kv.v, from, filled);
+    for (nn::LayerCache& lc : caches_) {
+      lc.self.k = gather_rows(lc.self.k, from, filled);
+      lc.self.v = gather_rows(lc.self.v, from, filled);
     }
     if (!captured_.empty()) {
       std::vector<CaptureRows> old = captured_;
@@ -157,125 +115,31 @@ class Session {
   std::vector<CaptureRows>& captured() { return captured_; }
 
  private:
-  struct KV {
-    Tensor k, v;  // self: (B, G, Tmax, Dk), (B, G, Tmax, Dv);  cross: (B, S, G*Dk), (B, S, G*Dv)
-  };
-
-  // x <- E[id] (* sqrt(D)) + P[position], as Model's embedding, with each row's own positions.
-  Tensor embed(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos) const {
-    const Tensor& E = m_.embed->value;
-    const int64_t V = E.size(0), D = E.size(1);
-    Tensor x = Tensor::empty({B_, Tn, D});
-    float* px = x.data<float>();
-    const float s = static_cast<float>(std::sqrt(static_cast<double>(D)));
-    std::vector<float> pe(static_cast<size_t>(D));
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t i = 0; i < Tn; ++i) {
-        const int64_t id = ids[b * Tn + i], p = pos[b] + i;
-        check(id >= 0 && id < V, name_, ": token id ", id, " is outside the vocabulary [0, ", V, ")");
-        float* row = px + (b * Tn + i) * D;
-        const float* e = E.data<float>() + id * D;
-        for (int64_t j = 0; j < D; ++j) row[j] = cfg_.scale_embeddings ? e[j] * s : e[j];
-        if (cfg_.positional == Positional::Sinusoidal) {
-          kernels::sinusoidal_positions(pe.data(), 1, D, p);
-          for (int64_t j = 0; j < D; ++j) row[j] += pe[j];
-        } else if (cfg_.positional == Positional::Learned) {
-          const Tensor& P = m_.pos_embed->value;
-          check(p < P.size(0), name_, ": position ", p, " is beyond the model's max_len ", P.size(0));
-          for (int64_t j = 0; j < D; ++j) row[j] += P.data<float>()[p * D + j];
-        }
-      }
-    return x;
-  }
-
-  Var self_attention(const nn::MultiHeadAttention& a, const Var& x, size_t layer, int64_t Tn,
-                     const std::vector<int64_t>& pos, bool uniform) {
-    const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
-    // q, k, v <- x W^T + b   (B, Tn, H*Dk), (B, Tn, G*Dk), (B, Tn, G*Dv)
-    Tensor q, k, v;
-    if (a.fused) {
-      const Tensor all = ops::linear(tape_, x, a.in_w, a.in_b)->value;
-      q = columns(all, 0, H * Dk);
-      k = columns(all, H * Dk, G * Dk);
-      v = columns(all, H * Dk + G * Dk, G * Dv);
-    } else {
-      q = ops::linear(tape_, x, a.q_w, a.in_b, 0, -1, 0)->value;
-      k = ops::linear(tape_, x, a.k_w, a.in_b, 0, -1, H * Dk)->value;
-      v = ops::linear(tape_, x, a.v_w, a.in_b, 0, -1, H * Dk + G * Dk)->value;
-    }
-    // RoPE: rotate q and k by each row's positions
-    if (cfg_.positional == Positional::Rope) {
+  // The captured head's weights of this step, appended per row: decoder-only, one row per fed
+  // position (over keys 0 .. that position); encoder-decoder, the last fed token's row over the
+  // source.
+  void collect_capture(const std::vector<int64_t>& pos, int64_t Tn) {
+    if (capture_layer_ < 0) return;
+    const nn::LayerCache& lc = caches_[static_cast<size_t>(capture_layer_)];
+    if (cfg_.arch == Arch::EncoderDecoder) {
+      const Tensor& w = lc.cross.captured;  // (B, Tn, S)
+      const int64_t S = w.size(2);
       for (int64_t b = 0; b < B_; ++b) {
-        kernels::rope_apply(q.data<float>() + b * Tn * H * Dk, 1, Tn, H, Dk, H * Dk, pos[b], cfg_.rope_theta, false,
-                            num_threads());
-        kernels::rope_apply(k.data<float>() + b * Tn * G * Dk, 1, Tn, G, Dk, G * Dk, pos[b], cfg_.rope_theta, false,
-                            num_threads());
-      }
-    }
-    // cache[b, g, pos_b + i] <- k[b, i, g], v[b, i, g]
-    KV& kv = self_[layer];
-    for (int64_t b = 0; b < B_; ++b)
-      for (int64_t i = 0; i < Tn; ++i)
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t t = pos[b] + i;
-          const float* ks = k.data<float>() + (b * Tn + i) * G * Dk + g * Dk;
-          const float* vs = v.data<float>() + (b * Tn + i) * G * Dv + g * Dv;
-          std::copy(ks, ks + Dk, kv.k.data<float>() + ((b * G + g) * Tmax_ + t) * Dk);
-          std::copy(vs, vs + Dv, kv.v.data<float>() + ((b * G + g) * Tmax_ + t) * Dv);
-        }
-    // o <- softmax(q k^T / sqrt(Dk) + mask) v over each row's keys 0 .. its position
-    const int64_t Tk = uniform ? pos[0] + Tn : *std::max_element(pos.begin(), pos.end()) + 1;
-    const Tensor qT = q.as_strided({B_, H, Tn, Dk}, {Tn * H * Dk, Dk, H * Dk, 1}, 0);
-    const Tensor kT = kv.k.as_strided({B_, G, Tk, Dk}, {G * Tmax_ * Dk, Tmax_ * Dk, Dk, 1}, 0);
-    const Tensor vT = kv.v.as_strided({B_, G, Tk, Dv}, {G * Tmax_ * Dv, Tmax_ * Dv, Dv, 1}, 0);
-    AttentionSpec spec;
-    spec.alibi = cfg_.positional == Positional::Alibi;
-    if (uniform) {
-      spec.causal = true;  // bottom-right: query i sits at key index Tk - Tn + i = pos + i
-    } else {
-      Tensor len({B_}, DType::I64);
-      for (int64_t b = 0; b < B_; ++b) len.data<int64_t>()[b] = pos[b] + 1;
-      spec.key_lengths = len;
-    }
-    const AttentionOutput o = attention(qT, kT, vT, spec);
-    if (static_cast<int64_t>(layer) == capture_layer_ && cfg_.arch == Arch::Decoder) {
-      const Tensor w = attention_weights(qT, kT, o.lse, spec, 0, Tn);  // (B, H, Tn, Tk)
-      for (int64_t b = 0; b < B_; ++b)
-        for (int64_t i = 0; i < Tn; ++i) {
-          const int64_t p = pos[b] + i;
-          const float* row = w.data<float>() + ((b * H + capture_head_) * Tn + i) * Tk;
-          CaptureRows& rows = captured_[b];
-          if (static_cast<int64_t>(rows.size()) <= p) rows.resize(static_cast<size_t>(p + 1));
-          rows[p].assign(row, row + p + 1);
-        }
-    }
-    // out <- concat_h(o_h) W_o^T + b_o
-    const Tensor heads = o.out.permute({0, 2, 1, 3}).contiguous().view({B_, Tn, H * Dv});
-    return ops::linear(tape_, make_var(heads), a.out.w, a.out.b);
-  }
-
-  Var cross_attention(const nn::MultiHeadAttention& a, const Var& x, size_t layer, int64_t Tn) {
-    const int64_t H = a.H, G = a.Hkv, Dk = a.Dk, Dv = a.Dv;
-    // q <- x W_q^T + b_q ;  keys and values from the memory, computed in set_memory
-    const Tensor q = a.fused ? ops::linear(tape_, x, a.in_w, a.in_b, 0, H * Dk)->value
-                             : ops::linear(tape_, x, a.q_w, a.in_b, 0, -1, 0)->value;
-    const KV& kv = cross_[layer];
-    const int64_t S = kv.k.size(1);
-    const Tensor qT = q.as_strided({B_, H, Tn, Dk}, {Tn * H * Dk, Dk, H * Dk, 1}, 0);
-    const Tensor kT = kv.k.as_strided({B_, G, S, Dk}, {S * G * Dk, Dk, G * Dk, 1}, 0);
-    const Tensor vT = kv.v.as_strided({B_, G, S, Dv}, {S * G * Dv, Dv, G * Dv, 1}, 0);
-    AttentionSpec spec;
-    if (src_lengths_.defined()) spec.key_lengths = src_lengths_;
-    const AttentionOutput o = attention(qT, kT, vT, spec);
-    if (static_cast<int64_t>(layer) == capture_layer_) {
-      const Tensor w = attention_weights(qT, kT, o.lse, spec, Tn - 1, Tn);  // (B, H, 1, S)
-      for (int64_t b = 0; b < B_; ++b) {
-        const float* row = w.data<float>() + (b * H + capture_head_) * S;
+        const float* row = w.data<float>() + (b * Tn + Tn - 1) * S;
         captured_[b].emplace_back(row, row + S);
       }
+      return;
     }
-    const Tensor heads = o.out.permute({0, 2, 1, 3}).contiguous().view({B_, Tn, H * Dv});
-    return ops::linear(tape_, make_var(heads), a.out.w, a.out.b);
+    const Tensor& w = lc.self.captured;  // (B, Tn, Tk)
+    const int64_t Tk = w.size(2);
+    for (int64_t b = 0; b < B_; ++b)
+      for (int64_t i = 0; i < Tn; ++i) {
+        const int64_t p = pos[b] + i;
+        const float* row = w.data<float>() + (b * Tn + i) * Tk;
+        CaptureRows& rows = captured_[b];
+        if (static_cast<int64_t>(rows.size()) <= p) rows.resize(static_cast<size_t>(p + 1));
+        rows[p].assign(row, row + p + 1);
+      }
   }
 
   Tensor gather_rows(const Tensor& t, const std::vector<int64_t>& from, int64_t filled) const {
@@ -294,10 +158,12 @@ class Session {
   const Model::Impl& m_;
   const char* name_;
   int64_t B_, Tmax_;
+  bool cached_;
   Tape tape_;
-  std::vector<KV> self_, cross_;
+  std::vector<nn::LayerCache> caches_;
+  Var memory_;
   Tensor src_lengths_;
-  int64_t capture_layer_ = -1, capture_head_ = 0;
+  int64_t capture_layer_ = -1;
   std::vector<CaptureRows> captured_;
 };
 

@@ -163,6 +163,40 @@ void multiply_block(const float* __restrict a, const float* __restrict b, float*
   for (int64_t i = 0; i < n; ++i) c[i] = a[i] * b[i];
 }
 
+// f(v) and f'(v) of one element in double, for SiLU and the gated forms. GELU-tanh as
+// v sigmoid(2u) with u from v clamped (as the vector blocks above); SiLU as v sigmoid(v), its
+// derivative s (1 + v (1 - s)) with 1 - s taken as sigmoid(-v) (no cancellation). ReLU keeps a
+// NaN (v <= 0 fails), and its derivative there is 1, so dy passes (as PyTorch).
+double act_value(Activation f, double v) {
+  switch (f) {
+    case Activation::ReLU: return v <= 0.0 ? 0.0 : v;
+    case Activation::GeluErf: return v * normal_parts(v).cdf;
+    case Activation::GeluTanh: {
+      const double vc = std::clamp(v, -1e4, 1e4), u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
+      return v * sigmoid(2.0 * u);
+    }
+    case Activation::SiLU: return v * sigmoid(v);
+  }
+  return v;
+}
+double act_grad(Activation f, double v) {
+  switch (f) {
+    case Activation::ReLU: return v <= 0.0 ? 0.0 : 1.0;
+    case Activation::GeluErf: {
+      const NormalParts p = normal_parts(v);
+      return p.cdf + v * p.pdf;
+    }
+    case Activation::GeluTanh: {
+      const double vc = std::isnan(v) ? v : std::clamp(v, -1e4, 1e4);
+      const double u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
+      const double s = sigmoid(2.0 * u), du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * vc * vc);
+      return s + 2.0 * vc * (s * sigmoid(-2.0 * u)) * du;
+    }
+    case Activation::SiLU: return sigmoid(v) * (1.0 + v * sigmoid(-v));
+  }
+  return 1.0;
+}
+
 // ReLU and its gradient as plain loops over restrict pointers, which GCC vectorises (through the
 // generic for_each_index lambda it did not: the ReLU backward was 2% of a 2017-base training step).
 // Written as "x <= 0 ? 0 : x", not "x > 0 ? x : 0": the same for every number (-0 gives +0), but
@@ -215,6 +249,10 @@ void activation_forward(Activation a, const float* x, float* y, int64_t n, int t
       // y <- 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) = x sigmoid(2u)
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_forward_block(x + b, y + b, c); });
       break;
+    case Activation::SiLU:
+      // y <- x sigmoid(x)
+      for_each_index(n, threads, [=](int64_t i) { y[i] = static_cast<float>(act_value(Activation::SiLU, x[i])); });
+      break;
   }
 }
 
@@ -236,6 +274,10 @@ void activation_backward(Activation a, const float* x, const float* dy, float* d
     case Activation::GeluTanh:
       // dx <- dy * d/dx [x sigmoid(2u)]
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_backward_block(x + b, dy + b, dx + b, c); });
+      break;
+    case Activation::SiLU:
+      // dx <- dy * s (1 + x (1 - s)),  s = sigmoid(x)
+      for_each_index(n, threads, [=](int64_t i) { dx[i] = static_cast<float>(dy[i] * act_grad(Activation::SiLU, x[i])); });
       break;
   }
 }
@@ -263,6 +305,12 @@ void activation_forward_grad(Activation a, const float* x, float* y, float* dydx
     case Activation::GeluTanh:
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_forward_grad_block(x + b, y + b, dydx + b, c); });
       break;
+    case Activation::SiLU:
+      for_each_index(n, threads, [=](int64_t i) {
+        y[i] = static_cast<float>(act_value(Activation::SiLU, x[i]));
+        dydx[i] = static_cast<float>(act_grad(Activation::SiLU, x[i]));
+      });
+      break;
   }
 }
 
@@ -271,27 +319,20 @@ void multiply(const float* a, const float* b, float* c, int64_t n, int threads) 
   for_each_block(n, threads, [=](int64_t i, int64_t k) { multiply_block(a + i, b + i, c + i, k); });
 }
 
-void swiglu_forward(const float* a, const float* b, float* y, int64_t n, int threads) {
+void gated_forward(Activation f, const float* a, const float* b, float* y, int64_t n, int threads) {
   // a, b, y: (n)
-  // y <- a * sigmoid(a) * b
-  for_each_index(n, threads, [=](int64_t i) {
-    const double v = a[i];
-    y[i] = static_cast<float>(v * sigmoid(v) * b[i]);
-  });
+  // y <- f(a) * b
+  for_each_index(n, threads, [=](int64_t i) { y[i] = static_cast<float>(act_value(f, a[i]) * b[i]); });
 }
 
-void swiglu_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n,
-                     int threads) {
+void gated_backward(Activation f, const float* a, const float* b, const float* dy, float* da, float* db, int64_t n,
+                    int threads) {
   // a, b, dy, da, db: (n)
-  // s <- sigmoid(a);  silu'(a) = s (1 + a (1 - s)), with 1 - s taken as sigmoid(-a) (no cancellation)
-  // da <- dy * b * silu'(a);  db <- dy * a * s
+  // da <- dy * b * f'(a);  db <- dy * f(a)
   for_each_index(n, threads, [=](int64_t i) {
-    const double v = a[i];
-    const double s = sigmoid(v);
-    const double one_minus_s = sigmoid(-v);
-    const double g = dy[i];
-    da[i] = static_cast<float>(g * b[i] * (s * (1.0 + v * one_minus_s)));
-    db[i] = static_cast<float>(g * (v * s));
+    const double v = a[i], g = dy[i];
+    da[i] = static_cast<float>(g * b[i] * act_grad(f, v));
+    db[i] = static_cast<float>(g * act_value(f, v));
   });
 }
 

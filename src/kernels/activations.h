@@ -1,4 +1,4 @@
-// Elementwise activations and SwiGLU, forward and backward side by side. Each element is
+// Elementwise activations and gated activations (SwiGLU, GeGLU), forward and backward side by side. Each element is
 // computed in double and rounded once to float, so results are within half an ulp or so of
 // the exact value and never overflow in an intermediate (x^3 in tanh-GELU, exp in sigmoid)
 // for any finite input. Results do not depend on the thread count.
@@ -8,13 +8,11 @@
 #pragma once
 #include <cstdint>
 
+#include "qkv/activation.h"
+
 namespace qkv::kernels {
 
-enum class Activation {
-  ReLU,      // max(x, 0); derivative 0 at x = 0 (as PyTorch)
-  GeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))                       (PyTorch approximate='none')
-  GeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (PyTorch approximate='tanh')
-};
+using qkv::Activation;  // qkv/activation.h: one enum for kernels, ops and config
 
 // y <- f(x)
 // x, y: (n)
@@ -33,12 +31,14 @@ void activation_forward_grad(Activation a, const float* x, float* y, float* dydx
 // a, b, c: (n)
 void multiply(const float* a, const float* b, float* c, int64_t n, int threads);
 
-// y <- silu(a) * b, silu(a) = a * sigmoid(a)
+// Gated (GLU variants): y <- f(a) * b; SwiGLU is f = SiLU, GeGLU f = GELU. f(a) * b is computed
+// in double and rounded once.
 // a, b, y: (n)
-void swiglu_forward(const float* a, const float* b, float* y, int64_t n, int threads);
+void gated_forward(Activation f, const float* a, const float* b, float* y, int64_t n, int threads);
 
-// da <- dy * b * silu'(a);  db <- dy * silu(a)   (both overwritten)
+// da <- dy * b * f'(a);  db <- dy * f(a)   (both overwritten)
 // a, b, dy, da, db: (n)
-void swiglu_backward(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n, int threads);
+void gated_backward(Activation f, const float* a, const float* b, const float* dy, float* da, float* db, int64_t n,
+                    int threads);
 
 }  // namespace qkv::kernels

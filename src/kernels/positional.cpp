@@ -4,8 +4,22 @@
 
 namespace qkv::kernels {
 
-void sinusoidal_positions(float* out, int64_t T, int64_t D, int64_t pos_offset) {
+void sinusoidal_positions(float* out, int64_t T, int64_t D, int64_t pos_offset, SinusoidalLayout layout) {
   // out: (T, D)
+  if (layout == SinusoidalLayout::SplitHalf) {
+    const int64_t h = (D + 1) / 2;
+    for (int64_t t = 0; t < T; ++t) {
+      const double pos = static_cast<double>(pos_offset + t);
+      float* row = out + t * D;
+      for (int64_t i = 0; i < h; ++i) {
+        // angle <- pos / 10000^(2i / D);  row_i <- sin(angle);  row_{h+i} <- cos(angle)
+        const double angle = pos / std::pow(10000.0, static_cast<double>(2 * i) / static_cast<double>(D));
+        row[i] = static_cast<float>(std::sin(angle));
+        if (h + i < D) row[h + i] = static_cast<float>(std::cos(angle));
+      }
+    }
+    return;
+  }
   for (int64_t t = 0; t < T; ++t) {
     const double pos = static_cast<double>(pos_offset + t);
     float* row = out + t * D;

@@ -31,12 +31,13 @@ constexpr Names<Positional> kPos[] = {{Positional::Sinusoidal, "sinusoidal"},
                                       {Positional::Learned, "learned"},
                                       {Positional::Rope, "rope"},
                                       {Positional::Alibi, "alibi"},
-                                      {Positional::None, "none"}};
+                                      {Positional::None, "none"},
+                                      {Positional::SinusoidalSplitHalf, "sinusoidal_split_half"}};
 constexpr Names<NormKind> kNorm[] = {{NormKind::LayerNorm, "layernorm"}, {NormKind::RMSNorm, "rmsnorm"}};
-constexpr Names<FeedForward> kAct[] = {{FeedForward::ReLU, "relu"},
-                                       {FeedForward::Gelu, "gelu"},
-                                       {FeedForward::GeluTanh, "gelu_tanh"},
-                                       {FeedForward::SwiGLU, "swiglu"}};
+constexpr Names<Activation> kAct[] = {{Activation::ReLU, "relu"},
+                                      {Activation::GeluErf, "gelu"},
+                                      {Activation::GeluTanh, "gelu_tanh"},
+                                      {Activation::SiLU, "silu"}};
 constexpr Names<Pooling> kPool[] = {{Pooling::Mean, "mean"}, {Pooling::First, "first"}};
 
 template <class E, size_t N>
@@ -80,6 +81,7 @@ bool get_bool(const json& j, const std::string& key, const std::string& source) 
 }  // namespace
 
 const char* arch_name(Arch a) { return name_of(kArch, a); }
+const char* activation_name(Activation a) { return name_of(kAct, a); }
 const char* positional_name(Positional p) { return name_of(kPos, p); }
 
 void ModelConfig::validate() const {
@@ -151,6 +153,7 @@ std::string ModelConfig::to_json() const {
     j["n_layers"] = n_layers;
   }
   j["activation"] = name_of(kAct, activation);
+  j["gated"] = gated;
   j["norm"] = name_of(kNorm, norm);
   j["norm_eps"] = norm_eps;
   j["norm_first"] = norm_first;
@@ -178,6 +181,8 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
   // A key given twice is an error (nlohmann::json alone would keep the last value silently).
   const json j = detail::parse_json_object(text, source);
   ModelConfig c;
+  // Directories written before "gated" existed say "activation": "swiglu" (silu, gated).
+  bool legacy_swiglu = false, gated_given = false;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
     const json& v = it.value();
@@ -195,7 +200,14 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     else if (k == "n_layers") c.n_layers = get_int(v, k, source);
     else if (k == "n_encoder_layers") c.n_encoder_layers = get_int(v, k, source);
     else if (k == "n_decoder_layers") c.n_decoder_layers = get_int(v, k, source);
-    else if (k == "activation") c.activation = parse_enum(kAct, v, k, source);
+    else if (k == "activation" && v.is_string() && v.get<std::string>() == "swiglu") {
+      legacy_swiglu = true;
+      c.activation = Activation::SiLU;
+    } else if (k == "activation") c.activation = parse_enum(kAct, v, k, source);
+    else if (k == "gated") {
+      c.gated = get_bool(v, k, source);
+      gated_given = true;
+    }
     else if (k == "norm") c.norm = parse_enum(kNorm, v, k, source);
     else if (k == "norm_eps") c.norm_eps = get_num(v, k, source);
     else if (k == "norm_first") c.norm_first = get_bool(v, k, source);
@@ -215,6 +227,10 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     else if (k == "eos_id") c.eos_id = get_int(v, k, source);
     else if (k == "init_std") c.init_std = get_num(v, k, source);
     else throw Error(detail::concat(source, ": unknown key \"", k, "\""));
+  }
+  if (legacy_swiglu) {
+    check(!gated_given || c.gated, source, ": \"activation\": \"swiglu\" is silu, gated, but \"gated\" is false");
+    c.gated = true;
   }
   try {
     c.validate();

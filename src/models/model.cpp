@@ -12,12 +12,11 @@
 #include <string>
 #include <utility>
 
-#include "kernels/positional.h"
 #include "models/model_impl.h"
 #include "nn/layers.h"
 #include "qkv/cpu.h"
 #include "qkv/error.h"
-#include "qkv/npy.h"
+#include "qkv/files.h"
 #include "qkv/rng.h"
 #include "qkv/safetensors.h"
 
@@ -25,21 +24,6 @@ namespace qkv {
 
 
 namespace {
-
-Var embed_tokens(nn::Context& c, const ModelConfig& cfg, const Tensor& ids, const Var& table, const Var& pos_table) {
-  // x <- E[ids] (* sqrt(d_model)) + P[0..T) ; dropout
-  Var x = ops::embedding(c.tape, ids, table);
-  if (cfg.scale_embeddings) x = ops::scale(c.tape, x, static_cast<float>(std::sqrt(static_cast<double>(cfg.d_model))));
-  const int64_t T = ids.size(1);
-  if (cfg.positional == Positional::Sinusoidal) {
-    Tensor pe({T, cfg.d_model}, DType::F32);
-    kernels::sinusoidal_positions(pe.data<float>(), T, cfg.d_model, 0);
-    x = ops::add_positions(c.tape, x, make_var(pe), 0);
-  } else if (cfg.positional == Positional::Learned) {
-    x = ops::add_positions(c.tape, x, pos_table, 0);
-  }
-  return c.drop(x);
-}
 
 void check_ids(const Tensor& ids, const char* what) {
   check(ids.defined(), "batch: ", what, " is missing");
@@ -50,21 +34,24 @@ void check_ids(const Tensor& ids, const char* what) {
         " is empty: expected at least one row of at least one token");
 }
 
-AttentionSpec self_spec(const ModelConfig& cfg, bool causal, const Tensor& lengths) {
-  AttentionSpec s;
-  s.causal = causal;
-  s.alibi = cfg.positional == Positional::Alibi;
-  if (lengths.defined()) s.key_lengths = lengths;
-  return s;
-}
-
-double rope_of(const ModelConfig& cfg) { return cfg.positional == Positional::Rope ? cfg.rope_theta : 0.0; }
-
 nn::Context context(Tape& tape, const ModelConfig& cfg, const ForwardOptions& opt) {
   return nn::Context{tape, opt.training, static_cast<float>(cfg.dropout), opt.dropout_seed, 0};
 }
 
 }  // namespace
+
+AttentionSpec Model::Impl::self_spec(bool causal, const Tensor& lengths) {
+  AttentionSpec s;
+  s.causal = causal;
+  if (lengths.defined()) s.key_lengths = lengths;
+  return s;
+}
+
+AttentionSpec Model::Impl::cross_spec(const Tensor& src_lengths) {
+  AttentionSpec s;
+  if (src_lengths.defined()) s.key_lengths = src_lengths;
+  return s;
+}
 
 namespace {
 
@@ -72,51 +59,27 @@ namespace {
 // classifier's layers, or the encoder's) and `dec` decoder layers, in order, through r. The
 // constructor builds them; parameter_count plans with a counting registry.
 void build(const ModelConfig& c, Model::Impl& m, nn::Registry& r, int64_t enc, int64_t dec) {
-  const int64_t D = c.d_model;
-  auto layer_list = [](const std::string& prefix, int64_t i) { return prefix + "layers." + std::to_string(i) + "."; };
   switch (c.arch) {
     case Arch::Decoder:
-      m.embed = r.add("embed.weight", {c.vocab_size, D}, false, nn::Init::Embedding);
-      if (c.positional == Positional::Learned) m.pos_embed = r.add("pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-      m.enc_layers.resize(static_cast<size_t>(enc));
-      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("", i), c);
-      if (c.final_norm) {
-        m.enc_norm.create(r, "norm", D, c.norm, c.norm_eps);
-        m.has_enc_norm = true;
-      }
-      m.lm_head = c.tie_embeddings ? m.embed : r.add("lm_head.weight", {c.vocab_size, D}, true, nn::Init::Normal);
+      m.embed.create_table(r, "embed.weight", c.vocab_size, c);
+      m.embed.positions.create(r, "pos_embed", c);
+      m.stack.create(r, "", enc, c, m.embed.positions.attention());
+      m.lm_head.create(r, "lm_head", c.vocab_size, c, m.embed.table);
       break;
     case Arch::EncoderClassifier:
-      m.embed = r.add("embed.weight", {c.vocab_size, D}, false, nn::Init::Embedding);
-      if (c.positional == Positional::Learned) m.pos_embed = r.add("pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-      m.enc_layers.resize(static_cast<size_t>(enc));
-      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
-      if (c.final_norm) {
-        m.enc_norm.create(r, "encoder.norm", D, c.norm, c.norm_eps);
-        m.has_enc_norm = true;
-      }
-      m.classifier.create(r, "classifier", c.num_classes, D, true, nn::Init::Normal);
+      m.embed.create_table(r, "embed.weight", c.vocab_size, c);
+      m.embed.positions.create(r, "pos_embed", c);
+      m.stack.create(r, "encoder.", enc, c, m.embed.positions.attention());
+      m.classifier.create(r, "classifier", c);
       break;
     case Arch::EncoderDecoder:
-      m.src_embed = r.add("src_embed.weight", {c.source_vocab(), D}, false, nn::Init::Embedding);
-      m.embed = r.add("tgt_embed.weight", {c.vocab_size, D}, false, nn::Init::Embedding);
-      if (c.positional == Positional::Learned) {
-        m.src_pos_embed = r.add("src_pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-        m.pos_embed = r.add("tgt_pos_embed.weight", {c.max_len, D}, false, nn::Init::Normal);
-      }
-      m.enc_layers.resize(static_cast<size_t>(enc));
-      for (int64_t i = 0; i < enc; ++i) m.enc_layers[static_cast<size_t>(i)].create(r, layer_list("encoder.", i), c);
-      if (c.final_norm) {
-        m.enc_norm.create(r, "encoder.norm", D, c.norm, c.norm_eps);
-        m.has_enc_norm = true;
-      }
-      m.dec_layers.resize(static_cast<size_t>(dec));
-      for (int64_t i = 0; i < dec; ++i) m.dec_layers[static_cast<size_t>(i)].create(r, layer_list("decoder.", i), c);
-      if (c.final_norm) {
-        m.dec_norm.create(r, "decoder.norm", D, c.norm, c.norm_eps);
-        m.has_dec_norm = true;
-      }
-      m.lm_head = c.tie_embeddings ? m.embed : r.add("lm_head.weight", {c.vocab_size, D}, true, nn::Init::Normal);
+      m.src_embed.create_table(r, "src_embed.weight", c.source_vocab(), c);
+      m.embed.create_table(r, "tgt_embed.weight", c.vocab_size, c);
+      m.src_embed.positions.create(r, "src_pos_embed", c);
+      m.embed.positions.create(r, "tgt_pos_embed", c);
+      m.stack.create(r, "encoder.", enc, c, m.src_embed.positions.attention());
+      m.decoder.create(r, "decoder.", dec, c, m.embed.positions.attention());
+      m.lm_head.create(r, "lm_head", c.vocab_size, c, m.embed.table);
       break;
   }
 }
@@ -178,7 +141,7 @@ std::string largest_part(const ModelConfig& c, const ParameterPlan& p) {
   const int64_t layers = in_dec ? c.n_decoder_layers : first_stack_layers(c);
   const double per = in_dec ? p.per_dec_layer : p.per_layer;
   // a layer's feed-forward: linear1 (inner x d_model) and linear2 (d_model x d_ff)
-  const double ff = (c.activation == FeedForward::SwiGLU ? 3.0 : 2.0) * static_cast<double>(c.d_ff) *
+  const double ff = (c.gated ? 3.0 : 2.0) * static_cast<double>(c.d_ff) *
                     static_cast<double>(c.d_model);
   const std::string bulk =
       ff >= per / 2 ? detail::concat("the feed-forward (d_ff = ", c.d_ff, " x d_model = ", c.d_model, ")")
@@ -289,11 +252,7 @@ Var Model::encode(Tape& tape, const Tensor& src, const Tensor& src_lengths, cons
   nn::Context c = context(tape, config_, opt);
   c.next_stream = 1000;  // encoder dropout sites: streams 1000...
   const Impl& m = *impl_;
-  Var x = embed_tokens(c, config_, src, m.src_embed, m.src_pos_embed);
-  const AttentionSpec spec = self_spec(config_, false, src_lengths);
-  for (const auto& layer : m.enc_layers) x = layer(c, x, spec, rope_of(config_));
-  if (m.has_enc_norm) x = m.enc_norm(c, x);
-  return x;
+  return m.stack(c, m.src_embed(c, src), Impl::self_spec(false, src_lengths));
 }
 
 Var Model::decode(Tape& tape, const Tensor& tgt_in, const Var& memory, const Tensor& src_lengths,
@@ -307,13 +266,8 @@ Var Model::decode(Tape& tape, const Tensor& tgt_in, const Var& memory, const Ten
   nn::Context c = context(tape, config_, opt);
   c.next_stream = 1u << 20;  // decoder dropout sites
   const Impl& m = *impl_;
-  Var x = embed_tokens(c, config_, tgt_in, m.embed, m.pos_embed);
-  const AttentionSpec sspec = self_spec(config_, true, Tensor());
-  AttentionSpec cspec;
-  if (src_lengths.defined()) cspec.key_lengths = src_lengths;
-  for (const auto& layer : m.dec_layers) x = layer(c, x, memory, sspec, cspec, rope_of(config_));
-  if (m.has_dec_norm) x = m.dec_norm(c, x);
-  return ops::linear(tape, x, m.lm_head, nullptr);
+  Var x = m.decoder(c, m.embed(c, tgt_in), memory, Impl::self_spec(true, Tensor()), Impl::cross_spec(src_lengths));
+  return m.lm_head(c, x);
 }
 
 Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) const {
@@ -326,15 +280,10 @@ Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) con
     return decode(tape, batch.decoder_input, memory, lengths, opt);
   }
   nn::Context c = context(tape, config_, opt);
-  Var x = embed_tokens(c, config_, batch.input, m.embed, m.pos_embed);
   const bool causal = config_.arch == Arch::Decoder;
-  const AttentionSpec spec = self_spec(config_, causal, lengths);
-  for (const auto& layer : m.enc_layers) x = layer(c, x, spec, rope_of(config_));
-  if (m.has_enc_norm) x = m.enc_norm(c, x);
-  if (config_.arch == Arch::Decoder) return ops::linear(tape, x, m.lm_head, nullptr);
-  // EncoderClassifier: pool, then the head
-  Var pooled = config_.pooling == Pooling::Mean ? ops::mean_pool(tape, x, lengths) : ops::first_token(tape, x);
-  return m.classifier(c, pooled);
+  Var x = m.stack(c, m.embed(c, batch.input), Impl::self_spec(causal, lengths));
+  if (config_.arch == Arch::Decoder) return m.lm_head(c, x);
+  return m.classifier(c, x, lengths);  // EncoderClassifier: pool, then the head
 }
 
 void Model::check_batch(const Batch& b, const BatchNames& names) const {

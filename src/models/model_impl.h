@@ -1,5 +1,10 @@
-// Model's internals: the modules behind its parameter list. Shared by the model (src/models)
-// and cached inference (src/infer), which runs the same modules step by step; not installed.
+// Model's internals: the parts its parameters belong to. Shared by the model (src/models) and
+// cached inference (src/infer), which runs the same parts with a key/value cache; not installed.
+//
+// An architecture is a composition of parts (src/nn/layers.h):
+//   Decoder            embed -> stack (causal) -> lm_head
+//   EncoderClassifier  embed -> stack -> classifier (pooled)
+//   EncoderDecoder     src_embed -> stack = the encoder;  embed -> decoder (cross-attending) -> lm_head
 #pragma once
 #include <vector>
 
@@ -10,15 +15,17 @@ namespace qkv {
 
 struct Model::Impl {
   std::vector<nn::Init> inits;
-  // Decoder / EncoderClassifier: embed, pos_embed, layers (decoder: "layers.i", classifier:
-  // "encoder.layers.i"), norm. EncoderDecoder: src_* / tgt_*, enc_layers, dec_layers.
-  Var embed, pos_embed, src_embed, src_pos_embed;
-  std::vector<nn::EncoderLayer> enc_layers;
-  std::vector<nn::DecoderLayer> dec_layers;
-  nn::Norm enc_norm, dec_norm;
-  bool has_enc_norm = false, has_dec_norm = false;
-  Var lm_head;            // (V, D): its own weight or the embedding when tied
-  nn::Linear classifier;  // (num_classes, D)
+  nn::Embedder embed;           // the tokens (encoder-decoder: the target's)
+  nn::Embedder src_embed;       // encoder-decoder: the source's
+  nn::EncoderStack stack;       // decoder-only: "layers.i", "norm"; otherwise the encoder: "encoder.*"
+  nn::DecoderStack decoder;     // encoder-decoder: "decoder.*"
+  nn::LMHead lm_head;           // decoder-only, encoder-decoder
+  nn::ClassifierHead classifier;  // encoder-classifier
+
+  // The attention masks of the stacks: self-attention (causal in a decoder; key lengths, when
+  // given, block padding) and the decoder's cross-attention over the source.
+  static AttentionSpec self_spec(bool causal, const Tensor& lengths);
+  static AttentionSpec cross_spec(const Tensor& src_lengths);
 };
 
 }  // namespace qkv

@@ -1,13 +1,20 @@
-// Modules built from ops: Linear, Norm, MultiHeadAttention (self and cross), FeedForward,
-// EncoderLayer, DecoderLayer. A module holds its parameters' Vars; its forward composes ops on
-// the tape, so it needs no backward code of its own.
+// The parts a model is built from, each a module made of ops: Linear, Norm, Positions (one unit
+// per positional scheme), Embedder, MultiHeadAttention (self and cross), FeedForwardNet,
+// EncoderLayer and DecoderLayer, the two stacks, and the heads (LMHead, ClassifierHead).
+// A module holds its parameters' Vars; its forward composes ops on the tape, so it needs no
+// backward code of its own.
+//
+// Every layer's forward pass exists once. Training and full recomputation call it with no cache;
+// cached generation (src/infer/generate.cpp) calls the same function with a LayerCache and a
+// Step in the Context: self-attention then appends its new keys and values to the cache and
+// attends over it, cross-attention computes the memory's keys and values once.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "qkv/autograd.h"
-#include "qkv/model.h"
+#include "qkv/config.h"
 #include "qkv/ops.h"
 
 namespace qkv::nn {
@@ -31,15 +38,40 @@ struct Registry {
   Var add(const std::string& name, std::vector<int64_t> shape, bool decay, Init init);
 };
 
+// Where the tokens of one cached decoding step sit: row b's token i at position pos[b] + i.
+// Either every pos[b] is equal (a prefill of right-padded rows: a row's padding comes after its
+// tokens, so the causal mask hides it, and later steps overwrite its cache entries) or Tn == 1.
+struct Step {
+  std::vector<int64_t> pos;  // (B)
+  int64_t Tn = 1;
+  bool uniform() const;
+};
+
 // What a forward pass needs besides its inputs.
 struct Context {
   Tape& tape;
   bool training = false;
   float dropout = 0.0f;
   uint64_t seed = 0;
-  uint64_t next_stream = 0;  // each dropout site takes the next stream
+  uint64_t next_stream = 0;      // each dropout site takes the next stream
+  const Step* step = nullptr;    // cached decoding: where the new tokens sit; nullptr: positions 0 .. T-1
 
   Var drop(const Var& x);
+};
+
+// Keys and values of one attention module while decoding.
+// Self-attention: k (B, G, Tmax, Dk), v (B, G, Tmax, Dv); row b holds positions 0 .. pos[b]+Tn-1.
+// Cross-attention: k (B, S, G*Dk), v (B, S, G*Dv), computed from the memory on the first step.
+// With capture_head >= 0 the module keeps that head's weights of the last step: (B, Tn, Tk).
+struct KVCache {
+  Tensor k, v;
+  int64_t capture_head = -1;
+  Tensor captured;
+};
+
+// A layer's decoding state: its self-attention cache and (decoder layers) its cross-attention's.
+struct LayerCache {
+  KVCache self, cross;
 };
 
 struct Linear {
@@ -56,23 +88,62 @@ struct Norm {
   Var operator()(Context& c, const Var& x) const;
 };
 
+// What a positional scheme does inside self-attention: RoPE rotates queries and keys by their
+// positions; ALiBi adds -slope_h |i - j| to the scores. Cross-attention gets neither.
+struct AttentionPositions {
+  double rope_theta = 0;  // > 0: RoPE (rotate-half form) with this base
+  bool alibi = false;
+};
+
+// One positional scheme, everything it does in one place: added to the token embeddings
+// (sinusoidal, interleaved or split-half; learned) or applied inside attention (RoPE, ALiBi), or
+// nothing (none). Positions are 0 .. T-1, or the Context's Step while decoding.
+struct Positions {
+  Positional kind = Positional::None;
+  int64_t max_len = 0;  // learned: the table's rows
+  double rope_theta = 0;
+  Var table;            // learned: (max_len, D)
+  void create(Registry& r, const std::string& name, const ModelConfig& cfg);
+  // x + P[position] (sinusoidal, learned); x itself otherwise.   x: (B, T, D)
+  Var embed(Context& c, const Var& x) const;
+  AttentionPositions attention() const;
+};
+
+// Token ids to vectors: E[ids] (times sqrt(d_model) when scaled), plus positions, then dropout.
+struct Embedder {
+  Var table;   // (V, D)
+  float scale = 1.0f;
+  Positions positions;
+  // The table alone (the positions are created separately, so that parameters keep their order).
+  void create_table(Registry& r, const std::string& name, int64_t vocab, const ModelConfig& cfg);
+  Var operator()(Context& c, const Tensor& ids) const;   // ids (B, T) -> (B, T, D)
+};
+
 struct MultiHeadAttention {
   int64_t H = 1, Hkv = 1, Dk = 0, Dv = 0, D = 0;
   bool fused = true;
+  AttentionPositions pos;  // self-attention: from the model's Positions
   Var in_w, in_b;        // fused: in_proj_weight (H*Dk + Hkv*Dk + Hkv*Dv, D); in_proj_bias (same rows)
   Var q_w, k_w, v_w;     // separate: q/k/v_proj_weight; bias still in_proj_bias
   Linear out;            // out_proj: (D, H*Dv)
-  void create(Registry& r, const std::string& name, const ModelConfig& cfg);
-  // x: (B, T, D); spec carries the masks (causal, key lengths, ALiBi)
-  Var self(Context& c, const Var& x, const AttentionSpec& spec, double rope_theta) const;
-  // x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values
-  Var cross(Context& c, const Var& x, const Var& memory, const AttentionSpec& spec) const;
+  void create(Registry& r, const std::string& name, const ModelConfig& cfg, AttentionPositions pos = {});
+  // x: (B, T, D); spec carries the masks (causal, key lengths). With a cache (and c.step), x holds
+  // the step's new tokens; their keys and values join the cache first.
+  Var self(Context& c, const Var& x, const AttentionSpec& spec, KVCache* cache = nullptr) const;
+  // x: (B, Tq, D) queries; memory: (B, Tk, D) keys and values (with a filled cache, memory may
+  // be null: its keys and values are the cache's).
+  Var cross(Context& c, const Var& x, const Var& memory, const AttentionSpec& spec, KVCache* cache = nullptr) const;
   int64_t rows() const { return H * Dk + Hkv * Dk + Hkv * Dv; }
+
+ private:
+  Var cached_self(Context& c, const Var& x, const AttentionSpec& spec, KVCache& cache) const;
+  Var cached_cross(Context& c, const Var& x, const Var& memory, const AttentionSpec& spec, KVCache& cache) const;
 };
 
 struct FeedForwardNet {
-  FeedForward kind = FeedForward::ReLU;
-  Linear l1, l2;  // linear1: (d_ff or 2*d_ff for SwiGLU, D); linear2: (D, d_ff)
+  Activation act = Activation::ReLU;
+  bool gated = false;
+  Linear l1, l2;  // linear1: (d_ff, or 2*d_ff when gated: [gate | value], D); linear2: (D, d_ff)
   void create(Registry& r, const std::string& prefix, const ModelConfig& cfg);
   Var operator()(Context& c, const Var& x) const;
 };
@@ -83,8 +154,8 @@ struct EncoderLayer {
   MultiHeadAttention self_attn;
   FeedForwardNet ff;
   Norm norm1, norm2;
-  void create(Registry& r, const std::string& prefix, const ModelConfig& cfg);
-  Var operator()(Context& c, const Var& x, const AttentionSpec& spec, double rope_theta) const;
+  void create(Registry& r, const std::string& prefix, const ModelConfig& cfg, AttentionPositions pos);
+  Var operator()(Context& c, const Var& x, const AttentionSpec& spec, LayerCache* cache = nullptr) const;
 };
 
 // Masked self-attention, cross-attention to the encoder output, feed-forward.
@@ -93,9 +164,42 @@ struct DecoderLayer {
   MultiHeadAttention self_attn, cross_attn;
   FeedForwardNet ff;
   Norm norm1, norm2, norm3;
-  void create(Registry& r, const std::string& prefix, const ModelConfig& cfg);
+  void create(Registry& r, const std::string& prefix, const ModelConfig& cfg, AttentionPositions pos);
   Var operator()(Context& c, const Var& x, const Var& memory, const AttentionSpec& self_spec,
-                 const AttentionSpec& cross_spec, double rope_theta) const;
+                 const AttentionSpec& cross_spec, LayerCache* cache = nullptr) const;
+};
+
+// A stack of layers and its optional final norm. caches: one per layer while decoding, or null.
+struct EncoderStack {
+  std::vector<EncoderLayer> layers;
+  Norm norm;
+  bool has_norm = false;
+  void create(Registry& r, const std::string& prefix, int64_t n, const ModelConfig& cfg, AttentionPositions pos);
+  Var operator()(Context& c, Var x, const AttentionSpec& spec, std::vector<LayerCache>* caches = nullptr) const;
+};
+
+struct DecoderStack {
+  std::vector<DecoderLayer> layers;
+  Norm norm;
+  bool has_norm = false;
+  void create(Registry& r, const std::string& prefix, int64_t n, const ModelConfig& cfg, AttentionPositions pos);
+  Var operator()(Context& c, Var x, const Var& memory, const AttentionSpec& self_spec, const AttentionSpec& cross_spec,
+                 std::vector<LayerCache>* caches = nullptr) const;
+};
+
+// Hidden states to vocabulary logits: x W^T (+ b). W is its own parameter or the embedding (tied).
+struct LMHead {
+  Var w, b;
+  void create(Registry& r, const std::string& name, int64_t vocab, const ModelConfig& cfg, const Var& tied);
+  Var operator()(Context& c, const Var& x) const { return ops::linear(c.tape, x, w, b); }
+};
+
+// Pooled classification: mean over each row's real tokens or its first token, then a linear layer.
+struct ClassifierHead {
+  Pooling pooling = Pooling::Mean;
+  Linear out;  // (num_classes, D)
+  void create(Registry& r, const std::string& name, const ModelConfig& cfg);
+  Var operator()(Context& c, const Var& x, const Tensor& lengths) const;
 };
 
 }  // namespace qkv::nn

@@ -284,23 +284,12 @@ Var rms_norm(Tape& tape, const Var& x, const Var& gamma, float eps) {
 
 // ---- activations, SwiGLU, dropout --------------------------------------------------------------
 
-namespace {
-kernels::Activation kernel_activation(Activation f) {
-  switch (f) {
-    case Activation::ReLU: return kernels::Activation::ReLU;
-    case Activation::GeluErf: return kernels::Activation::GeluErf;
-    case Activation::GeluTanh: return kernels::Activation::GeluTanh;
-  }
-  throw Error("activation: unknown kind");
-}
-}  // namespace
-
 Var activation(Tape& tape, const Var& x, Activation f) {
   const Tensor& X = value_of(x, "activation", "input");
   Var y = new_output(X.shape(), needs_grad(x));
   const int64_t n = X.numel();
-  const kernels::Activation k = kernel_activation(f);
-  if (y->requires_grad && k != kernels::Activation::ReLU) {
+  const Activation k = f;
+  if (y->requires_grad && k != Activation::ReLU) {
     // GELU for training: f'(x) is computed with f(x), sharing the exponential, and saved, so
     // the backward pass is one product (ReLU's derivative is cheaper to recompute than to keep).
     Tensor D = Tensor::empty(X.shape(), DType::F32);
@@ -325,26 +314,26 @@ Var activation(Tape& tape, const Var& x, Activation f) {
   return y;
 }
 
-Var swiglu(Tape& tape, const Var& x) {
-  const Tensor& X = value_of(x, "swiglu", "input");
-  check(X.dim() >= 1 && X.size(-1) % 2 == 0, "swiglu: last dimension must be even (gate and value halves), got ",
+Var gated(Tape& tape, const Var& x, Activation f) {
+  const Tensor& X = value_of(x, "gated", "input");
+  check(X.dim() >= 1 && X.size(-1) % 2 == 0, "gated: last dimension must be even (gate and value halves), got ",
         shape_str(X.shape()));
   const int64_t F = X.size(-1) / 2, N = X.numel() / std::max<int64_t>(2 * F, 1);
   Var y = new_output(with_last(X.shape(), F), needs_grad(x));
   const float* px = X.data<float>();
   float* py = y->value.data<float>();
-  // y[i] <- silu(x[i, :F]) * x[i, F:]
+  // y[i] <- f(x[i, :F]) * x[i, F:]
 #pragma omp parallel for num_threads(detail::threads_for(N * F)) schedule(static)
-  for (int64_t i = 0; i < N; ++i) kernels::swiglu_forward(px + i * 2 * F, px + i * 2 * F + F, py + i * F, F, 1);
+  for (int64_t i = 0; i < N; ++i) kernels::gated_forward(f, px + i * 2 * F, px + i * 2 * F + F, py + i * F, F, 1);
   if (y->requires_grad) {
-    tape.push([x, y, N, F] {
+    tape.push([x, y, N, F, f] {
       const float* dY = out_grad(*y);
       if (!dY) return;
       const float* px2 = x->value.data<float>();
       into_grad(*x, [&](float* dX) {
 #pragma omp parallel for num_threads(detail::threads_for(N * F)) schedule(static)
         for (int64_t i = 0; i < N; ++i)
-          kernels::swiglu_backward(px2 + i * 2 * F, px2 + i * 2 * F + F, dY + i * F, dX + i * 2 * F,
+          kernels::gated_backward(f, px2 + i * 2 * F, px2 + i * 2 * F + F, dY + i * F, dX + i * 2 * F,
                                    dX + i * 2 * F + F, F, 1);
       });
     });

@@ -21,7 +21,8 @@
 #include <vector>
 
 #include "qkv/error.h"
-#include "qkv/npy.h"  // write_file_atomic
+#include "qkv/files.h"
+#include "qkv/npy.h"
 #include "qkv/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8

@@ -16,6 +16,7 @@
 #include "io/json_strict.h"
 #include "qkv/data.h"
 #include "qkv/error.h"
+#include "qkv/files.h"
 #include "qkv/npy.h"
 #include "qkv/viz.h"
 

@@ -10,8 +10,9 @@
 #include <limits>
 
 #include "qkv/error.h"
+#include "qkv/files.h"
 #include "qkv/tokenizer.h"
-#include "qkv/npy.h"  // write_file_atomic
+#include "qkv/npy.h"
 
 namespace qkv::viz {
 namespace {

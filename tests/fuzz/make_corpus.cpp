@@ -100,7 +100,8 @@ void configs() {
   d.n_layers = 2;
   d.norm_first = true;
   d.positional = Positional::Rope;
-  d.activation = FeedForward::SwiGLU;
+  d.activation = Activation::SiLU;
+  d.gated = true;
   d.norm = NormKind::RMSNorm;
   d.pad_id = 0;
   put("config", "decoder.json", d.to_json());
@@ -131,7 +132,7 @@ void configs() {
   c.pooling = Pooling::First;
   c.positional = Positional::Learned;
   c.max_len = 64;
-  c.activation = FeedForward::GeluTanh;
+  c.activation = Activation::GeluTanh;
   put("config", "encoder_classifier.json", c.to_json());
   put("config", "minimal.json",
       R"({"arch": "decoder", "vocab_size": 8, "d_model": 8, "n_heads": 2, "d_ff": 8,)"

@@ -7,7 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "qkv/npy.h"  // read_file
+#include "qkv/files.h"
+#include "qkv/npy.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv::fuzz {
