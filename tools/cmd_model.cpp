@@ -139,10 +139,31 @@ int run_import(const ImportOptions& o) {
 // ---- forward -------------------------------------------------------------------------------------
 
 struct ForwardCmd {
-  std::string model, out, grads;
+  std::string model, out, grads, generated;
   BatchFiles batch;
   float label_smoothing = 0;
+  int64_t generate = 0;
 };
+
+// Greedy decoding with the key/value cache from the batch's ids: each row of --input (up to its
+// length) continued, or, for an encoder-decoder, translated. (B, n) int64, -1 after an eos.
+Tensor greedy_tokens(const Model& m, const Batch& b, int64_t n) {
+  const Tensor ids = ops::as_ids(b.input, "--input");
+  const Tensor len = b.input_lengths.defined() ? ops::as_ids(b.input_lengths, "--lengths") : m.lengths_of(ids);
+  const int64_t B = ids.size(0), T = ids.size(1);
+  std::vector<std::vector<int32_t>> rows(static_cast<size_t>(B));
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t i = 0; i < len.data<int64_t>()[r]; ++i) rows[r].push_back(static_cast<int32_t>(ids.data<int64_t>()[r * T + i]));
+  GenerateConfig g;
+  g.max_new_tokens = n;
+  const std::vector<Generation> out =
+      m.config().arch == Arch::EncoderDecoder ? translate(m, rows, g) : generate(m, rows, g);
+  Tensor t({B, n}, DType::I64);
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t i = 0; i < n; ++i)
+      t.data<int64_t>()[r * n + i] = i < static_cast<int64_t>(out[r].tokens.size()) ? out[r].tokens[i] : -1;
+  return t;
+}
 
 int run_forward(const ForwardCmd& o) {
   Model m = Model::load(o.model);
@@ -151,6 +172,11 @@ int run_forward(const ForwardCmd& o) {
   if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
                             ": the directory does not exist");
   if (!o.grads.empty()) make_dir(o.grads, "--grads");
+  check((o.generate > 0) == !o.generated.empty(), "--generate N and --generated FILE go together");
+  check(o.generate == 0 || m.config().arch != Arch::EncoderClassifier, "--generate: ", o.model,
+        " is a classifier; it generates nothing");
+  if (!o.generated.empty()) check(fs::is_directory(fs::absolute(o.generated).parent_path()), "--generated ",
+                                  o.generated, ": the directory does not exist");
   Tape tape;
   tape.recording = !o.grads.empty();
   Var logits = m.logits(tape, b);
@@ -168,7 +194,13 @@ int run_forward(const ForwardCmd& o) {
         write_npy(o.grads + "/" + p.name + ".npy", p.var->has_grad ? p.var->grad : Tensor(p.var->value.shape(), DType::F32));
     }
   }
+  Tensor generated;
+  if (o.generate > 0) {
+    generated = greedy_tokens(m, b, o.generate);
+    line += detail::concat("  generated ", shape_str(generated.shape()));
+  }
   if (!o.out.empty()) write_npy(o.out, logits->value);
+  if (generated.defined()) write_npy(o.generated, generated);
   std::cout << line << "\n";
   return 0;
 }
@@ -266,6 +298,11 @@ Runner add_forward(CLI::App& app) {
   c->add_option("--out", o->out, "Write the logits here (.npy)");
   c->add_option("--grads", o->grads, "Write d(loss)/d(parameter) as <name>.npy into this directory (needs --target)");
   c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing of the loss")->transform(finite(0, 1));
+  c->add_option("--generate", o->generate,
+                "Also decode N tokens greedily with the key/value cache from each row of --input (encoder-decoder: "
+                "translate it)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  c->add_option("--generated", o->generated, "Write the --generate tokens here (.npy int64 (B, N), -1 after an eos)");
   return [o] { return run_forward(*o); };
 }
 

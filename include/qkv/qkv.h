@@ -7,6 +7,7 @@
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/generate.h"
+#include "qkv/hf.h"
 #include "qkv/model.h"
 #include "qkv/files.h"
 #include "qkv/npy.h"

@@ -21,6 +21,7 @@
 // BOOL byte other than 0 or 1.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,36 @@ struct SafetensorsFile {
 SafetensorsFile read_safetensors(const std::string& path);
 // The same from the bytes of a whole file; `name_for_errors` stands for the file in messages.
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& name_for_errors);
+
+// An open .safetensors file whose header has been read and checked (as read_safetensors checks
+// it), its tensors read one at a time on demand, straight into memory the caller owns: loading a
+// model this way holds its parameters once, never a second copy of the file. (Read with pread,
+// not mmap: the same single copy, and a file truncated while it loads is an error, not SIGBUS.)
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+
+  struct Info {
+    std::string name;
+    std::string dtype;            // as the file spells it: "F32", "BF16", ...
+    std::vector<int64_t> shape;
+    int64_t numel() const;
+  };
+  const std::string& path() const;
+  const std::vector<Info>& tensors() const;  // in the order of their data offsets
+  const Info* find(const std::string& name) const;  // nullptr if absent
+  const std::map<std::string, std::string>& metadata() const;
+  // The tensor's values as float32 into dst (numel floats): F32 copied, F64, F16 and BF16
+  // converted. An integer or BOOL tensor, or an unknown name, is an error naming the file.
+  void read_f32(const std::string& name, float* dst) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
 
 // Writes atomically: a temporary file in the same directory, fsync, rename, so `path` never
 // holds a half-written file. Tensors are written in the order given, each as a contiguous copy;

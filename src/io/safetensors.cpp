@@ -441,6 +441,90 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return out;
 }
 
+struct SafetensorsReader::State {
+  std::string path;
+  int fd = -1;
+  uint64_t size = 0, data_at = 0;
+  Header header;
+  std::vector<Info> infos;
+  ~State() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : s_(std::make_unique<State>()) {
+  s_->path = path;
+  s_->fd = open_regular_file(path, ".safetensors file");  // never waits on a FIFO
+  s_->size = file_size(s_->fd, path);
+  char first[8] = {};
+  read_at(s_->fd, first, std::min<uint64_t>(s_->size, 8), 0, path);
+  const uint64_t n = header_length(std::string_view(first, 8), s_->size, path);
+  std::string text(n, '\0');
+  read_at(s_->fd, text.data(), n, 8, path);
+  s_->data_at = 8 + n;
+  s_->header = parse_header(text, s_->size - s_->data_at, path);
+  for (const Entry& e : s_->header.entries) s_->infos.push_back({e.name, e.dtype->name, e.shape});
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+int64_t SafetensorsReader::Info::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const std::string& SafetensorsReader::path() const { return s_->path; }
+const std::vector<SafetensorsReader::Info>& SafetensorsReader::tensors() const { return s_->infos; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return s_->header.metadata; }
+
+const SafetensorsReader::Info* SafetensorsReader::find(const std::string& name) const {
+  for (const Info& i : s_->infos)
+    if (i.name == name) return &i;
+  return nullptr;
+}
+
+void SafetensorsReader::read_f32(const std::string& name, float* dst) const {
+  const Entry* e = nullptr;
+  for (const Entry& x : s_->header.entries)
+    if (x.name == name) e = &x;
+  if (!e) fail(s_->path, ": has no tensor '", printable(name), "'");
+  const std::string& path = s_->path;
+  const uint64_t at = s_->data_at + e->begin, bytes = e->end - e->begin;
+  const std::string dt = e->dtype->name;
+  if (dt == "F32") {
+    read_at(s_->fd, reinterpret_cast<char*>(dst), bytes, at, path);
+  } else if (dt == "F64" || dt == "F16" || dt == "BF16") {
+    // through a small buffer, converting as it goes
+    const uint64_t width = e->dtype->size, chunk = uint64_t{1} << 16;
+    std::vector<char> buf(static_cast<size_t>(chunk * width));
+    const uint64_t count = bytes / width;
+    for (uint64_t i = 0; i < count; i += chunk) {
+      const uint64_t k = std::min(chunk, count - i);
+      read_at(s_->fd, buf.data(), k * width, at + i * width, path);
+      for (uint64_t j = 0; j < k; ++j) {
+        float f;
+        if (dt == "F64") {
+          double d;
+          std::memcpy(&d, buf.data() + 8 * j, 8);
+          f = static_cast<float>(d);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, buf.data() + 2 * j, 2);
+          f = dt == "BF16" ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+        dst[i + j] = f;
+      }
+    }
+  } else {
+    fail(path, ": tensor '", printable(name), "' is ", dt, "; expected floating point (F32, F64, F16 or BF16)");
+  }
+  const uint64_t now = file_size(s_->fd, path);
+  if (now != s_->size) fail(path, ": file changed size while being read (from ", s_->size, " to ", now, " bytes)");
+}
+
 std::string to_safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                  const std::map<std::string, std::string>& metadata) {
   return safetensors_bytes(tensors, metadata, "to_safetensors_bytes");

@@ -17,6 +17,7 @@
 #include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "qkv/hf.h"
 #include "qkv/rng.h"
 #include "qkv/safetensors.h"
 
@@ -415,6 +416,7 @@ void Model::save(const std::string& dir) const {
 }
 
 Model Model::load(const std::string& dir) {
+  if (is_hf_model_dir(dir)) return load_hf_model(dir);  // a Hugging Face folder (qkv/hf.h)
   struct stat st {};
   check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": not a model directory (expected a directory with config.json and model.safetensors)");
   const std::string cfg_path = dir + "/config.json", w_path = dir + "/model.safetensors";

@@ -1,0 +1,46 @@
+// qkv/hf.h: Hugging Face model folders, as they come from the Hub: config.json with a
+// "model_type", and model.safetensors or a sharded model.safetensors.index.json with its shards
+// (F32, F16 or BF16 tensors, loaded as float32).
+//
+// Supported model types (docs/formats.md maps every name):
+//   gpt2   GPT2LMHeadModel / GPT2Model: learned positions, pre-norm, fused c_attn (Conv1D weights
+//          stored (in, out)), gelu_new, ln_f, the head tied to wte
+//   llama  LlamaForCausalLM: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU,
+//          the head tied or not
+// A config key that changes the computation and that qkv does not implement (rope_scaling,
+// scale_attn_by_inverse_layer_idx, ...) is an error naming the key and its value; keys that do
+// not change it (dropout rates, torch_dtype, architectures, ...) are ignored. A missing or
+// misshapen tensor is an error naming the tensor, the file and both shapes.
+//
+// Model::load(dir) calls load_hf_model when dir/config.json has a "model_type", so every command
+// that takes --model DIR runs these folders.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "qkv/config.h"
+#include "qkv/model.h"
+
+namespace qkv {
+
+// True when dir/config.json exists and has a top-level "model_type" key (qkv's own directories
+// have "qkv_format" instead).
+bool is_hf_model_dir(const std::string& dir);
+
+// The qkv configuration a Hugging Face config.json describes. `source` names the file in errors;
+// *model_type (if given) receives its model_type.
+ModelConfig hf_config(const std::string& config_json, const std::string& source, std::string* model_type = nullptr);
+
+struct HfLoadReport {
+  std::string model_type;
+  std::vector<std::string> files;    // the weight files read
+  std::vector<std::string> unused;   // tensors in the folder that the model does not use (besides
+                                     // known buffers such as attn.bias and rotary_emb.inv_freq)
+};
+
+// The folder's model, its weights read straight into the parameters (each tensor read once,
+// converted to float32 and laid out as qkv's parameters are: Conv1D transposed, gate and up
+// stacked, ...).
+Model load_hf_model(const std::string& dir, HfLoadReport* report = nullptr);
+
+}  // namespace qkv

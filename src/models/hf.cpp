@@ -1,0 +1,427 @@
+// Hugging Face model folders: config.json to ModelConfig, and the checkpoint's tensors to qkv's
+// parameters by a plan of rules (which file tensors, in which layout, make each parameter).
+#include "qkv/hf.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/json_strict.h"
+#include "qkv/error.h"
+#include "qkv/files.h"
+#include "qkv/safetensors.h"
+
+namespace qkv {
+namespace {
+
+using json = nlohmann::json;
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+json read_json(const std::string& path, const char* what) {
+  const std::string text = read_file(path, what);
+  check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a ", what);
+  return detail::parse_json_object(text, path);
+}
+
+// Typed access to an HF config, with Hugging Face's defaults for absent keys; errors name the
+// file and the key.
+struct Keys {
+  const json& j;
+  std::string source;
+
+  bool has(const char* k) const { return j.contains(k) && !j.at(k).is_null(); }
+  int64_t integer(const char* k, int64_t def) const {
+    if (!has(k)) return def;
+    const json& v = j.at(k);
+    check(v.is_number_integer() && (!v.is_number_unsigned() || v.get<uint64_t>() <= (uint64_t{1} << 40)), source,
+          ": \"", k, "\" must be an integer, got ", v.dump());
+    const int64_t x = v.get<int64_t>();
+    check(x >= -(int64_t{1} << 40) && x <= (int64_t{1} << 40), source, ": \"", k, "\" = ", x, " is out of range");
+    return x;
+  }
+  double number(const char* k, double def) const {
+    if (!has(k)) return def;
+    const json& v = j.at(k);
+    check(v.is_number(), source, ": \"", k, "\" must be a number, got ", v.dump());
+    const double x = v.get<double>();
+    check(std::isfinite(x), source, ": \"", k, "\" must be finite, got ", v.dump());
+    return x;
+  }
+  bool boolean(const char* k, bool def) const {
+    if (!has(k)) return def;
+    const json& v = j.at(k);
+    check(v.is_boolean(), source, ": \"", k, "\" must be true or false, got ", v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const char* k, const std::string& def) const {
+    if (!has(k)) return def;
+    const json& v = j.at(k);
+    check(v.is_string(), source, ": \"", k, "\" must be a string, got ", v.dump());
+    return v.get<std::string>();
+  }
+  // A token id: an integer, null (none: -1), or a list of them (the first is used, as the one
+  // that qkv's generation stops at).
+  int64_t token(const char* k, int64_t def, int64_t vocab) const {
+    if (!j.contains(k)) return def;
+    const json& v = j.at(k);
+    if (v.is_null()) return -1;
+    const json& first = v.is_array() && !v.empty() ? v.at(0) : v;
+    check(first.is_number_integer(), source, ": \"", k, "\" must be a token id (an integer, a list of them, or null), got ",
+          v.dump());
+    const int64_t id = first.get<int64_t>();
+    check(id >= 0 && id < vocab, source, ": \"", k, "\" = ", id, " is outside the vocabulary [0, ", vocab, ")");
+    return id;
+  }
+  // A key whose value changes the computation in a way qkv does not implement, unless it holds
+  // the value that means "off".
+  void refuse_unless(const char* k, const json& off, const char* why) const {
+    if (!j.contains(k) || j.at(k) == off || (off.is_null() && j.at(k).is_null())) return;
+    throw Error(detail::concat(source, ": \"", k, "\" is ", j.at(k).dump(), ": ", why, " (qkv supports only ",
+                               off.dump(), ")"));
+  }
+};
+
+Activation hf_activation(const Keys& c, const char* key, const std::string& def) {
+  const std::string a = c.string(key, def);
+  if (a == "gelu_new" || a == "gelu_pytorch_tanh" || a == "gelu_fast") return Activation::GeluTanh;
+  if (a == "gelu") return Activation::GeluErf;
+  if (a == "relu") return Activation::ReLU;
+  if (a == "silu" || a == "swish") return Activation::SiLU;
+  throw Error(detail::concat(c.source, ": \"", key, "\" is \"", a,
+                             "\": not an activation qkv implements (gelu, gelu_new, gelu_pytorch_tanh, relu, silu, swish)"));
+}
+
+ModelConfig gpt2_config(const Keys& c) {
+  ModelConfig m;
+  m.arch = Arch::Decoder;
+  m.vocab_size = c.integer("vocab_size", 50257);
+  m.d_model = c.integer("n_embd", 768);
+  m.n_heads = c.integer("n_head", 12);
+  m.n_layers = c.integer("n_layer", 12);
+  m.d_ff = c.integer("n_inner", 4 * m.d_model);
+  m.max_len = c.integer("n_positions", 1024);
+  m.activation = hf_activation(c, "activation_function", "gelu_new");
+  m.norm = NormKind::LayerNorm;
+  m.norm_eps = c.number("layer_norm_epsilon", 1e-5);
+  m.norm_first = true;
+  m.final_norm = true;
+  m.positional = Positional::Learned;
+  m.tie_embeddings = c.boolean("tie_word_embeddings", true);
+  m.bias = true;
+  m.fused_qkv = true;
+  m.init_std = c.number("initializer_range", 0.02);
+  c.refuse_unless("scale_attn_weights", true, "unscaled attention scores");
+  c.refuse_unless("scale_attn_by_inverse_layer_idx", false, "scores scaled by 1 / (layer + 1)");
+  c.refuse_unless("reorder_and_upcast_attn", false, "GPT-2's reordered, upcast attention");
+  c.refuse_unless("add_cross_attention", false, "GPT-2 with cross-attention");
+  m.bos_id = c.token("bos_token_id", 50256 < m.vocab_size ? 50256 : -1, m.vocab_size);
+  m.eos_id = c.token("eos_token_id", 50256 < m.vocab_size ? 50256 : -1, m.vocab_size);
+  m.pad_id = -1;  // GPT-2 has no padding token; padded rows take --lengths
+  return m;
+}
+
+ModelConfig llama_config(const Keys& c) {
+  ModelConfig m;
+  m.arch = Arch::Decoder;
+  m.vocab_size = c.integer("vocab_size", 32000);
+  m.d_model = c.integer("hidden_size", 4096);
+  m.d_ff = c.integer("intermediate_size", 11008);
+  m.n_layers = c.integer("num_hidden_layers", 32);
+  m.n_heads = c.integer("num_attention_heads", 32);
+  m.n_kv_heads = c.integer("num_key_value_heads", m.n_heads);
+  if (c.has("head_dim")) m.d_k = m.d_v = c.integer("head_dim", 0);
+  m.activation = hf_activation(c, "hidden_act", "silu");
+  m.gated = true;
+  m.norm = NormKind::RMSNorm;
+  m.norm_eps = c.number("rms_norm_eps", 1e-6);
+  m.norm_first = true;
+  m.final_norm = true;
+  m.positional = Positional::Rope;
+  m.rope_theta = c.number("rope_theta", 10000.0);
+  m.max_len = c.integer("max_position_embeddings", 2048);
+  m.tie_embeddings = c.boolean("tie_word_embeddings", false);
+  const bool attn_bias = c.boolean("attention_bias", false), mlp_bias = c.boolean("mlp_bias", false);
+  check(attn_bias == mlp_bias, c.source, ": \"attention_bias\" is ", attn_bias ? "true" : "false", " but \"mlp_bias\" is ",
+        mlp_bias ? "true" : "false", ": qkv has biases in both the attention and the feed-forward, or in neither");
+  m.bias = attn_bias;
+  m.fused_qkv = false;
+  m.init_std = c.number("initializer_range", 0.02);
+  c.refuse_unless("rope_scaling", nullptr, "scaled RoPE (linear, dynamic, yarn, llama3)");
+  m.bos_id = c.token("bos_token_id", 1 < m.vocab_size ? 1 : -1, m.vocab_size);
+  m.eos_id = c.token("eos_token_id", 2 < m.vocab_size ? 2 : -1, m.vocab_size);
+  m.pad_id = c.token("pad_token_id", -1, m.vocab_size);
+  return m;
+}
+
+// ---- weights -----------------------------------------------------------------------------------
+
+// One tensor of the checkpoint as a parameter needs it: its name, the shape it must have in the
+// file, and whether it is stored transposed (GPT-2's Conv1D keeps weights as (in, out)).
+struct Part {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool transpose = false;
+};
+
+// A parameter made of parts stacked along its first dimension (one part: the tensor itself).
+struct Rule {
+  std::string param;
+  std::vector<Part> parts;
+};
+
+// The checkpoint: one file, or shards by a weight map.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir) {
+    const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+    if (exists(single)) {
+      readers_.emplace_back(single);
+      for (const auto& t : readers_[0].tensors()) where_[t.name] = 0;
+      return;
+    }
+    check(exists(index), dir, ": no model.safetensors or model.safetensors.index.json (a PyTorch pytorch_model.bin is "
+                              "not read: save the model with safe_serialization=True)");
+    const json j = read_json(index, "safetensors index");
+    check(j.contains("weight_map") && j.at("weight_map").is_object(), index,
+          ": expected an object \"weight_map\" (tensor name -> shard file)");
+    std::map<std::string, size_t> shard;
+    for (const auto& [name, file] : j.at("weight_map").items()) {
+      check(file.is_string(), index, ": weight_map[\"", name, "\"] must be a file name, got ", file.dump());
+      const std::string f = file.get<std::string>();
+      check(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", index, ": weight_map[\"", name,
+            "\"] = \"", f, "\" is not a file name in the folder");
+      auto it = shard.find(f);
+      if (it == shard.end()) {
+        const std::string path = dir + "/" + f;
+        check(exists(path), index, ": shard \"", f, "\" (holding \"", name, "\") is missing from ", dir);
+        it = shard.emplace(f, readers_.size()).first;
+        readers_.emplace_back(path);
+      }
+      check(readers_[it->second].find(name) != nullptr, index, ": names tensor \"", name, "\" in shard \"", f,
+            "\", which does not hold it");
+      where_[name] = it->second;
+    }
+  }
+
+  const SafetensorsReader::Info* find(const std::string& name) const {
+    auto it = where_.find(name);
+    return it == where_.end() ? nullptr : readers_[it->second].find(name);
+  }
+  const std::string& file_of(const std::string& name) const { return readers_[where_.at(name)].path(); }
+  void read(const std::string& name, float* dst) const { readers_[where_.at(name)].read_f32(name, dst); }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, i] : where_) out.push_back(n);
+    return out;
+  }
+  std::vector<std::string> files() const {
+    std::vector<std::string> out;
+    for (const auto& r : readers_) out.push_back(r.path());
+    return out;
+  }
+  // "model.safetensors" or "the shards of model.safetensors.index.json", for messages.
+  std::string describe() const { return readers_.size() == 1 ? readers_[0].path() : "the shards"; }
+
+ private:
+  std::vector<SafetensorsReader> readers_;
+  std::map<std::string, size_t> where_;
+};
+
+
+// "transformer." when the checkpoint's names carry that prefix (GPT2LMHeadModel), "" otherwise.
+std::string prefix_of(const Checkpoint& ck, const std::string& prefix, const std::string& probe) {
+  return ck.find(prefix + probe) ? prefix : "";
+}
+
+std::vector<Rule> gpt2_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
+  const std::string p = prefix_of(ck, "transformer.", "wte.weight");
+  const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
+  std::vector<Rule> r;
+  auto one = [&](const std::string& param, const std::string& name, std::vector<int64_t> shape, bool t = false) {
+    r.push_back({param, {{name, std::move(shape), t}}});
+  };
+  one("embed.weight", p + "wte.weight", {V, D});
+  one("pos_embed.weight", p + "wpe.weight", {c.max_len, D});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string h = p + "h." + std::to_string(i) + ".", l = "layers." + std::to_string(i) + ".";
+    one(l + "norm1.weight", h + "ln_1.weight", {D});
+    one(l + "norm1.bias", h + "ln_1.bias", {D});
+    one(l + "self_attn.in_proj_weight", h + "attn.c_attn.weight", {D, 3 * D}, true);
+    one(l + "self_attn.in_proj_bias", h + "attn.c_attn.bias", {3 * D});
+    one(l + "self_attn.out_proj.weight", h + "attn.c_proj.weight", {D, D}, true);
+    one(l + "self_attn.out_proj.bias", h + "attn.c_proj.bias", {D});
+    one(l + "norm2.weight", h + "ln_2.weight", {D});
+    one(l + "norm2.bias", h + "ln_2.bias", {D});
+    one(l + "linear1.weight", h + "mlp.c_fc.weight", {D, F}, true);
+    one(l + "linear1.bias", h + "mlp.c_fc.bias", {F});
+    one(l + "linear2.weight", h + "mlp.c_proj.weight", {F, D}, true);
+    one(l + "linear2.bias", h + "mlp.c_proj.bias", {D});
+    ignore.insert(h + "attn.bias");         // the causal mask, as a buffer
+    ignore.insert(h + "attn.masked_bias");  // its fill value
+  }
+  one("norm.weight", p + "ln_f.weight", {D});
+  one("norm.bias", p + "ln_f.bias", {D});
+  if (c.tie_embeddings) {
+    ignore.insert("lm_head.weight");  // tied: the embedding itself
+  } else {
+    one("lm_head.weight", "lm_head.weight", {V, D});
+  }
+  return r;
+}
+
+std::vector<Rule> llama_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
+  const std::string p = prefix_of(ck, "model.", "embed_tokens.weight");
+  const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size, H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k(),
+                Dv = c.head_dim_v();
+  std::vector<Rule> r;
+  auto one = [&](const std::string& param, const std::string& name, std::vector<int64_t> shape) {
+    r.push_back({param, {{name, std::move(shape), false}}});
+  };
+  one("embed.weight", p + "embed_tokens.weight", {V, D});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string h = p + "layers." + std::to_string(i) + ".", l = "layers." + std::to_string(i) + ".";
+    one(l + "norm1.weight", h + "input_layernorm.weight", {D});
+    one(l + "self_attn.q_proj_weight", h + "self_attn.q_proj.weight", {H * Dk, D});
+    one(l + "self_attn.k_proj_weight", h + "self_attn.k_proj.weight", {G * Dk, D});
+    one(l + "self_attn.v_proj_weight", h + "self_attn.v_proj.weight", {G * Dv, D});
+    one(l + "self_attn.out_proj.weight", h + "self_attn.o_proj.weight", {D, H * Dv});
+    one(l + "norm2.weight", h + "post_attention_layernorm.weight", {D});
+    // linear1 = [gate | up]: the gated feed-forward's f(x W_gate) * (x W_up)
+    r.push_back({l + "linear1.weight", {{h + "mlp.gate_proj.weight", {F, D}}, {h + "mlp.up_proj.weight", {F, D}}}});
+    one(l + "linear2.weight", h + "mlp.down_proj.weight", {D, F});
+    if (c.bias) {
+      r.push_back({l + "self_attn.in_proj_bias",
+                   {{h + "self_attn.q_proj.bias", {H * Dk}}, {h + "self_attn.k_proj.bias", {G * Dk}},
+                    {h + "self_attn.v_proj.bias", {G * Dv}}}});
+      one(l + "self_attn.out_proj.bias", h + "self_attn.o_proj.bias", {D});
+      r.push_back({l + "linear1.bias", {{h + "mlp.gate_proj.bias", {F}}, {h + "mlp.up_proj.bias", {F}}}});
+      one(l + "linear2.bias", h + "mlp.down_proj.bias", {D});
+    }
+    ignore.insert(h + "self_attn.rotary_emb.inv_freq");  // older checkpoints keep RoPE's frequencies
+  }
+  one("norm.weight", p + "norm.weight", {D});
+  if (c.tie_embeddings) {
+    ignore.insert("lm_head.weight");
+  } else {
+    one("lm_head.weight", "lm_head.weight", {V, D});
+  }
+  return r;
+}
+
+std::string shape_of(const std::vector<int64_t>& s) { return shape_str(s); }
+
+}  // namespace
+
+bool is_hf_model_dir(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  if (!exists(path)) return false;
+  try {
+    return read_json(path, "config.json").contains("model_type");
+  } catch (const Error&) {
+    return false;  // not readable as an HF config: qkv's own loader reports what is wrong
+  }
+}
+
+ModelConfig hf_config(const std::string& text, const std::string& source, std::string* model_type) {
+  const json j = detail::parse_json_object(text, source);
+  const Keys c{j, source};
+  check(j.contains("model_type") && j.at("model_type").is_string(), source,
+        ": \"model_type\" must be a string (a Hugging Face config)");
+  const std::string type = j.at("model_type").get<std::string>();
+  if (model_type) *model_type = type;
+  ModelConfig m;
+  if (type == "gpt2") {
+    m = gpt2_config(c);
+  } else if (type == "llama") {
+    m = llama_config(c);
+  } else {
+    throw Error(detail::concat(source, ": \"model_type\" is \"", type,
+                               "\": qkv reads the Hugging Face model types gpt2 and llama"));
+  }
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    throw Error(detail::concat(source, " (", type, "): ", e.what()));
+  }
+  return m;
+}
+
+Model load_hf_model(const std::string& dir, HfLoadReport* report) {
+  struct stat st {};
+  check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": not a model directory");
+  const std::string cfg_path = dir + "/config.json";
+  const std::string text = read_file(cfg_path, "config.json");
+  check(text.size() < (64u << 20), cfg_path, ": larger than 64 MiB; not a config file");
+  std::string type;
+  const ModelConfig cfg = hf_config(text, cfg_path, &type);
+  const Checkpoint ck(dir);
+  std::set<std::string> ignore;
+  const std::vector<Rule> rules = type == "gpt2" ? gpt2_rules(cfg, ck, ignore) : llama_rules(cfg, ck, ignore);
+
+  // Every tensor present with its shape before anything is allocated or read.
+  for (const Rule& r : rules)
+    for (const Part& p : r.parts) {
+      const SafetensorsReader::Info* t = ck.find(p.name);
+      check(t != nullptr, dir, ": tensor \"", p.name, "\" ", shape_of(p.shape), " is missing from ", ck.describe(),
+            " (qkv's ", r.param, ", for this ", type, " config)");
+      check(t->shape == p.shape, ck.file_of(p.name), ": tensor \"", p.name, "\" has shape ", shape_of(t->shape),
+            "; config.json implies ", shape_of(p.shape));
+      check(t->dtype == "F32" || t->dtype == "F16" || t->dtype == "BF16" || t->dtype == "F64", ck.file_of(p.name),
+            ": tensor \"", p.name, "\" is ", t->dtype, "; expected F32, F16 or BF16");
+    }
+
+  Model m(cfg);
+  std::set<std::string> planned;
+  for (const Rule& r : rules) planned.insert(r.param);
+  for (const Parameter& p : m.parameters())
+    check(planned.count(p.name), "internal: the ", type, " plan has no rule for ", p.name);
+  std::set<std::string> used;
+  for (const Rule& r : rules) {
+    const Parameter* param = m.find(r.param);
+    check(param != nullptr, "internal: ", type, " rule for unknown parameter ", r.param);
+    Tensor& dst = param->var->value;
+    float* out = dst.data<float>();
+    const int64_t cols = dst.dim() == 2 ? dst.size(1) : 1;
+    int64_t row = 0;
+    for (const Part& p : r.parts) {
+      used.insert(p.name);
+      const int64_t rows = p.transpose ? p.shape[1] : p.shape[0];
+      const int64_t n = rows * cols;
+      check(row + rows <= dst.size(0) && (p.transpose || (p.shape.size() == 1 ? 1 : p.shape[1]) == cols),
+            "internal: ", type, " rule for ", r.param, " does not fit ", shape_of(dst.shape()));
+      if (!p.transpose) {
+        ck.read(p.name, out + row * cols);  // straight into the parameter
+      } else {
+        // stored (in, out) = (cols, rows): parameter row i is the file's column i
+        std::vector<float> tmp(static_cast<size_t>(n));
+        ck.read(p.name, tmp.data());
+        for (int64_t a = 0; a < cols; ++a)
+          for (int64_t b = 0; b < rows; ++b) out[(row + b) * cols + a] = tmp[static_cast<size_t>(a * rows + b)];
+      }
+      row += rows;
+    }
+    check(row == dst.size(0), "internal: ", type, " rule for ", r.param, " fills ", row, " of ", dst.size(0), " rows");
+  }
+  if (report) {
+    report->model_type = type;
+    report->files = ck.files();
+    for (const std::string& n : ck.names())
+      if (!used.count(n) && !ignore.count(n)) report->unused.push_back(n);
+  }
+  return m;
+}
+
+}  // namespace qkv

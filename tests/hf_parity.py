@@ -1,0 +1,496 @@
+#!/usr/bin/python3
+"""Hugging Face folders: qkv against reference models written here from the published semantics.
+
+    /usr/bin/python3 tests/hf_parity.py --qkv build/qkv [--keep DIR] [--verbose]
+
+For each family a float32 reference is written in PyTorch from the semantics of Hugging Face's
+modeling code (not copied from it): GPT-2 (GPT2LMHeadModel: learned positions, pre-norm, fused
+c_attn stored as Conv1D (in, out), gelu_new, ln_f, the head tied to wte) and Llama
+(LlamaForCausalLM: RMSNorm, rotate-half RoPE, grouped-query attention, SwiGLU). The test draws
+random weights at shapes of its own (odd vocabularies, fewer key/value heads than heads, an
+explicit head_dim, a padded row), writes an HF folder (config.json + model.safetensors, or
+shards with model.safetensors.index.json; F32, F16 or BF16), and checks:
+
+  * logits     `qkv forward --model HF_DIR --out`: max|qkv - ref| / max|ref| <= 1e-4 over the
+               real positions (half-precision folders: against the reference run on the same
+               rounded weights);
+  * gradients  `qkv forward --target --grads`: the loss within 1e-5 relative and every
+               parameter's gradient within 1e-3 of max|ref grad|, mapped back to HF's names;
+  * decoding   `qkv forward --generate 6`: greedy tokens with qkv's key/value cache equal the
+               reference's greedy decoding by full recomputation;
+  * bad folders: a missing shard, an index naming a tensor its shard lacks, a BF16 tensor of the
+               wrong byte length, an unsupported model_type, a config key that changes the math
+               (rope_scaling, scale_attn_by_inverse_layer_idx), a misshapen and a missing tensor:
+               exit status 2 (qkv's error status) and a message naming what is wrong; never a crash.
+
+Prints one line per check and, last, "N passed, M failed". Exit status 0 if all passed, 1 if any
+failed. Needs only torch, numpy and the standard library.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(2)
+torch.set_flush_denormal(True)
+
+LOGITS_TOL = 1e-4
+LOSS_TOL = 1e-5
+GRAD_TOL = 1e-3
+
+
+# ---- safetensors, written from the format's description --------------------------------------
+
+def to_bytes(t, dtype):
+    t = t.detach().contiguous()
+    if dtype == "F32":
+        return t.float().numpy().tobytes()
+    if dtype == "F16":
+        return t.half().numpy().tobytes()
+    if dtype == "BF16":
+        return t.bfloat16().view(torch.int16).numpy().tobytes()
+    raise ValueError(dtype)
+
+
+def rounded(t, dtype):
+    """The float32 values a tensor stored as `dtype` holds."""
+    if dtype == "F16":
+        return t.half().float()
+    if dtype == "BF16":
+        return t.bfloat16().float()
+    return t.float()
+
+
+def write_safetensors(path, tensors, dtype="F32", corrupt=None):
+    header, blobs, at = {}, [], 0
+    for name, t in tensors.items():
+        b = to_bytes(t, dtype)
+        if corrupt == name:
+            b = b[:-2]  # one element short
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def write_folder(d, config, tensors, dtype="F32", shards=1, corrupt=None):
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if shards == 1:
+        write_safetensors(os.path.join(d, "model.safetensors"), tensors, dtype, corrupt)
+        return
+    names = list(tensors)
+    weight_map = {}
+    for s in range(shards):
+        part = names[s::shards]
+        file = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
+        write_safetensors(os.path.join(d, file), {n: tensors[n] for n in part}, dtype, corrupt)
+        for n in part:
+            weight_map[n] = file
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2)
+
+
+def save_npy(path, a):
+    np.save(path, a)
+
+
+# ---- reference models --------------------------------------------------------------------------
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def attend(q, k, v, lengths):
+    """q (B, H, T, hd), k/v (B, H, T, hd): causal, keys at or past a row's length blocked."""
+    B, H, T, hd = q.shape
+    s = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None].expand(B, 1, T, T).clone()
+    for b in range(B):
+        allowed[b, :, :, lengths[b]:] = False
+    s = s.masked_fill(~allowed, float("-inf"))
+    w = torch.softmax(s, dim=-1)
+    w = torch.nan_to_num(w, nan=0.0)  # a padded query row sees no key; its output is not compared
+    return w @ v
+
+
+def gpt2_forward(W, cfg, ids, lengths, prefix):
+    p = prefix
+    B, T = ids.shape
+    D, H = cfg["n_embd"], cfg["n_head"]
+    hd = D // H
+    x = W[p + "wte.weight"][ids] + W[p + "wpe.weight"][torch.arange(T)][None]
+    eps = cfg["layer_norm_epsilon"]
+    for i in range(cfg["n_layer"]):
+        h = p + "h.%d." % i
+        a = F.layer_norm(x, (D,), W[h + "ln_1.weight"], W[h + "ln_1.bias"], eps)
+        qkv = a @ W[h + "attn.c_attn.weight"] + W[h + "attn.c_attn.bias"]  # Conv1D: x W, W (in, out)
+        q, k, v = qkv.split(D, dim=-1)
+        heads = lambda t: t.view(B, T, H, hd).transpose(1, 2)
+        o = attend(heads(q), heads(k), heads(v), lengths).transpose(1, 2).reshape(B, T, D)
+        x = x + o @ W[h + "attn.c_proj.weight"] + W[h + "attn.c_proj.bias"]
+        a = F.layer_norm(x, (D,), W[h + "ln_2.weight"], W[h + "ln_2.bias"], eps)
+        m = gelu_new(a @ W[h + "mlp.c_fc.weight"] + W[h + "mlp.c_fc.bias"])
+        x = x + m @ W[h + "mlp.c_proj.weight"] + W[h + "mlp.c_proj.bias"]
+    x = F.layer_norm(x, (D,), W[p + "ln_f.weight"], W[p + "ln_f.bias"], eps)
+    return x @ W[p + "wte.weight"].T
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(t, theta, positions):
+    """rotate-half RoPE: pairs (i, i + hd/2) rotated by position * theta^(-2i/hd)."""
+    hd = t.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    ang = positions.double()[:, None] * inv[None]
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos().float(), emb.sin().float()
+    x1, x2 = t[..., : hd // 2], t[..., hd // 2:]
+    rot = torch.cat([-x2, x1], dim=-1)
+    return t * cos + rot * sin
+
+
+def llama_forward(W, cfg, ids, lengths, prefix):
+    p = prefix
+    B, T = ids.shape
+    D, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    G = cfg.get("num_key_value_heads", H)
+    hd = cfg.get("head_dim", D // H)
+    eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
+    x = W[p + "embed_tokens.weight"][ids]
+    pos = torch.arange(T)
+    for i in range(cfg["num_hidden_layers"]):
+        h = p + "layers.%d." % i
+        a = rms_norm(x, W[h + "input_layernorm.weight"], eps)
+        q = (a @ W[h + "self_attn.q_proj.weight"].T).view(B, T, H, hd).transpose(1, 2)
+        k = (a @ W[h + "self_attn.k_proj.weight"].T).view(B, T, G, hd).transpose(1, 2)
+        v = (a @ W[h + "self_attn.v_proj.weight"].T).view(B, T, G, hd).transpose(1, 2)
+        q, k = rope(q, theta, pos), rope(k, theta, pos)
+        # grouped-query: query head j reads key/value head j // (H / G)
+        k, v = k.repeat_interleave(H // G, dim=1), v.repeat_interleave(H // G, dim=1)
+        o = attend(q, k, v, lengths).transpose(1, 2).reshape(B, T, H * hd)
+        x = x + o @ W[h + "self_attn.o_proj.weight"].T
+        a = rms_norm(x, W[h + "post_attention_layernorm.weight"], eps)
+        m = F.silu(a @ W[h + "mlp.gate_proj.weight"].T) * (a @ W[h + "mlp.up_proj.weight"].T)
+        x = x + m @ W[h + "mlp.down_proj.weight"].T
+    x = rms_norm(x, W[p + "norm.weight"], eps)
+    head = W[p + "embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
+    return x @ head.T
+
+
+def gpt2_weights(cfg, g, prefix, with_head, buffers):
+    D, V, P, L = cfg["n_embd"], cfg["vocab_size"], cfg["n_positions"], cfg["n_layer"]
+    Fi = cfg.get("n_inner") or 4 * D
+    r = lambda *s, std=0.3: torch.randn(*s, generator=g) * std
+    W = {prefix + "wte.weight": r(V, D), prefix + "wpe.weight": r(P, D)}
+    for i in range(L):
+        h = prefix + "h.%d." % i
+        W.update({h + "ln_1.weight": 1 + r(D, std=0.1), h + "ln_1.bias": r(D, std=0.1),
+                  h + "attn.c_attn.weight": r(D, 3 * D), h + "attn.c_attn.bias": r(3 * D, std=0.1),
+                  h + "attn.c_proj.weight": r(D, D), h + "attn.c_proj.bias": r(D, std=0.1),
+                  h + "ln_2.weight": 1 + r(D, std=0.1), h + "ln_2.bias": r(D, std=0.1),
+                  h + "mlp.c_fc.weight": r(D, Fi), h + "mlp.c_fc.bias": r(Fi, std=0.1),
+                  h + "mlp.c_proj.weight": r(Fi, D), h + "mlp.c_proj.bias": r(D, std=0.1)})
+        if buffers:
+            W[h + "attn.bias"] = torch.ones(P, P).tril()[None, None]
+            W[h + "attn.masked_bias"] = torch.tensor(-1e4)
+    W[prefix + "ln_f.weight"] = 1 + r(D, std=0.1)
+    W[prefix + "ln_f.bias"] = r(D, std=0.1)
+    if with_head:
+        W["lm_head.weight"] = W[prefix + "wte.weight"].clone()
+    return W
+
+
+def llama_weights(cfg, g, prefix):
+    D, V, L, Fi = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    H = cfg["num_attention_heads"]
+    G = cfg.get("num_key_value_heads", H)
+    hd = cfg.get("head_dim", D // H)
+    r = lambda *s, std=0.3: torch.randn(*s, generator=g) * std
+    W = {prefix + "embed_tokens.weight": r(V, D)}
+    for i in range(L):
+        h = prefix + "layers.%d." % i
+        W.update({h + "input_layernorm.weight": 1 + r(D, std=0.1),
+                  h + "self_attn.q_proj.weight": r(H * hd, D), h + "self_attn.k_proj.weight": r(G * hd, D),
+                  h + "self_attn.v_proj.weight": r(G * hd, D), h + "self_attn.o_proj.weight": r(D, H * hd),
+                  h + "post_attention_layernorm.weight": 1 + r(D, std=0.1),
+                  h + "mlp.gate_proj.weight": r(Fi, D), h + "mlp.up_proj.weight": r(Fi, D),
+                  h + "mlp.down_proj.weight": r(D, Fi)})
+    W[prefix + "norm.weight"] = 1 + r(D, std=0.1)
+    if not cfg.get("tie_word_embeddings", False):
+        W["lm_head.weight"] = r(V, D)
+    return W
+
+
+# qkv parameter name -> (HF tensors stacked along rows, each transposed or not): the test's own
+# statement of how the names map, to compare gradients.
+def gpt2_names(cfg, prefix):
+    p = prefix
+    out = {"embed.weight": [(p + "wte.weight", False)], "pos_embed.weight": [(p + "wpe.weight", False)],
+           "norm.weight": [(p + "ln_f.weight", False)], "norm.bias": [(p + "ln_f.bias", False)]}
+    for i in range(cfg["n_layer"]):
+        h, l = p + "h.%d." % i, "layers.%d." % i
+        for q, hf, t in [("norm1.weight", "ln_1.weight", False), ("norm1.bias", "ln_1.bias", False),
+                         ("self_attn.in_proj_weight", "attn.c_attn.weight", True),
+                         ("self_attn.in_proj_bias", "attn.c_attn.bias", False),
+                         ("self_attn.out_proj.weight", "attn.c_proj.weight", True),
+                         ("self_attn.out_proj.bias", "attn.c_proj.bias", False),
+                         ("norm2.weight", "ln_2.weight", False), ("norm2.bias", "ln_2.bias", False),
+                         ("linear1.weight", "mlp.c_fc.weight", True), ("linear1.bias", "mlp.c_fc.bias", False),
+                         ("linear2.weight", "mlp.c_proj.weight", True), ("linear2.bias", "mlp.c_proj.bias", False)]:
+            out[l + q] = [(h + hf, t)]
+    return out
+
+
+def llama_names(cfg, prefix):
+    p = prefix
+    out = {"embed.weight": [(p + "embed_tokens.weight", False)], "norm.weight": [(p + "norm.weight", False)]}
+    if not cfg.get("tie_word_embeddings", False):
+        out["lm_head.weight"] = [("lm_head.weight", False)]
+    for i in range(cfg["num_hidden_layers"]):
+        h, l = p + "layers.%d." % i, "layers.%d." % i
+        out[l + "norm1.weight"] = [(h + "input_layernorm.weight", False)]
+        out[l + "self_attn.q_proj_weight"] = [(h + "self_attn.q_proj.weight", False)]
+        out[l + "self_attn.k_proj_weight"] = [(h + "self_attn.k_proj.weight", False)]
+        out[l + "self_attn.v_proj_weight"] = [(h + "self_attn.v_proj.weight", False)]
+        out[l + "self_attn.out_proj.weight"] = [(h + "self_attn.o_proj.weight", False)]
+        out[l + "norm2.weight"] = [(h + "post_attention_layernorm.weight", False)]
+        out[l + "linear1.weight"] = [(h + "mlp.gate_proj.weight", False), (h + "mlp.up_proj.weight", False)]
+        out[l + "linear2.weight"] = [(h + "mlp.down_proj.weight", False)]
+    return out
+
+
+# ---- the checks --------------------------------------------------------------------------------
+
+class Checks:
+    def __init__(self, qkv, root, verbose):
+        self.qkv, self.root, self.verbose = qkv, root, verbose
+        self.passed = self.failed = 0
+
+    def run(self, args):
+        env = dict(os.environ)
+        env.setdefault("OMP_WAIT_POLICY", "passive")
+        p = subprocess.run([self.qkv, "--threads", "2"] + [str(a) for a in args], capture_output=True, text=True,
+                           timeout=600, env=env)
+        return p.returncode, p.stdout, p.stderr
+
+    def report(self, ok, what, detail=""):
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        line = ("PASS " if ok else "FAIL ") + what + ("  " + detail if detail else "")
+        print(line.replace(self.root, "$WORK"), flush=True)
+
+
+def greedy(forward, ids, n):
+    """Greedy decoding by full recomputation: every step reruns the whole prefix."""
+    seq = ids.clone()
+    out = []
+    for _ in range(n):
+        T = seq.shape[1]
+        logits = forward(seq, [T] * seq.shape[0])
+        nxt = logits[:, -1].argmax(-1)
+        out.append(nxt)
+        seq = torch.cat([seq, nxt[:, None]], dim=1)
+    return torch.stack(out, dim=1)
+
+
+def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_head=False, buffers=False, seed=0):
+    work = os.path.join(ck.root, name)
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = gpt2_weights(cfg, g, prefix, with_head, buffers) if family == "gpt2" else llama_weights(cfg, g, prefix)
+    folder = os.path.join(work, "hf")
+    write_folder(folder, cfg, W, dtype, shards)
+    # the reference runs on the values the folder holds
+    Wr = {k: rounded(v, dtype).requires_grad_(True) for k, v in W.items()}
+    fwd = (lambda ids, lengths: gpt2_forward(Wr, cfg, ids, lengths, prefix)) if family == "gpt2" else \
+        (lambda ids, lengths: llama_forward(Wr, cfg, ids, lengths, prefix))
+    V = cfg["vocab_size"]
+    B, T = 3, 9
+    ids = torch.randint(0, V, (B, T), generator=g)
+    lengths = [T, 6, 4]
+    save_npy(os.path.join(work, "ids.npy"), ids.numpy().astype(np.int64))
+    save_npy(os.path.join(work, "lengths.npy"), np.array(lengths, dtype=np.int64))
+    # targets: the next token, padding ignored through -100 (GPT-2 and Llama have no pad_id here)
+    target = torch.randint(0, V, (B, T), generator=g)
+    for b in range(B):
+        target[b, lengths[b]:] = -100
+    save_npy(os.path.join(work, "target.npy"), target.numpy().astype(np.int64))
+
+    ref = fwd(ids, lengths)
+    logits_path, grads = os.path.join(work, "logits.npy"), os.path.join(work, "grads")
+    rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(work, "ids.npy"), "--lengths",
+                           os.path.join(work, "lengths.npy"), "--target", os.path.join(work, "target.npy"),
+                           "--out", logits_path, "--grads", grads])
+    if rc != 0:
+        ck.report(False, name + " forward", "exit %d: %s" % (rc, err.strip()))
+        return
+    got = torch.from_numpy(np.load(logits_path))
+    num = den = 0.0
+    for b in range(B):
+        n = lengths[b]
+        num = max(num, (got[b, :n] - ref[b, :n].detach()).abs().max().item())
+        den = max(den, ref[b, :n].abs().max().item())
+    rel = num / den
+    ck.report(rel <= LOGITS_TOL, name + " logits", "max rel err %.2e (tol %.0e) over %s, max|ref| %.2f" %
+              (rel, LOGITS_TOL, "x".join(map(str, ref.shape)), den))
+
+    # loss and gradients
+    loss = F.cross_entropy(ref.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    loss.backward()
+    qloss = float(out.split("loss ")[1].split()[0]) if "loss " in out else float("nan")
+    lrel = abs(qloss - loss.item()) / abs(loss.item())
+    ck.report(lrel <= LOSS_TOL, name + " loss", "qkv %.7g torch %.7g rel %.1e" % (qloss, loss.item(), lrel))
+    names = gpt2_names(cfg, prefix) if family == "gpt2" else llama_names(cfg, prefix)
+    files = {f[:-4] for f in os.listdir(grads)}
+    worst, worst_name, missing = 0.0, "", sorted(set(names) ^ files)
+    for qn, parts in names.items():
+        if qn not in files:
+            continue
+        want = torch.cat([Wr[h].grad.T if t else Wr[h].grad for h, t in parts], dim=0)
+        gq = torch.from_numpy(np.load(os.path.join(grads, qn + ".npy")))
+        e = (gq - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+        if ck.verbose:
+            print("   grad %-40s %.2e" % (qn, e))
+        if e > worst:
+            worst, worst_name = e, qn
+    ck.report(worst <= GRAD_TOL and not missing, name + " gradients",
+              "worst %.2e in %s (tol %.0e)%s" % (worst, worst_name, GRAD_TOL,
+                                                 "; names differ: %s" % missing if missing else ""))
+
+    # greedy decoding with the cache against full recomputation
+    gen_path = os.path.join(work, "generated.npy")
+    prompt = ids[:, :5]
+    save_npy(os.path.join(work, "prompt.npy"), prompt.numpy().astype(np.int64))
+    rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(work, "prompt.npy"),
+                           "--generate", 6, "--generated", gen_path])
+    if rc != 0:
+        ck.report(False, name + " decoding", "exit %d: %s" % (rc, err.strip()))
+        return
+    with torch.no_grad():
+        want = greedy(fwd, prompt, 6)
+    eos = cfg.get("eos_token_id")
+    for b in range(want.shape[0]):  # qkv stops a row at the eos: -1 after it
+        hits = (want[b] == eos).nonzero()
+        if len(hits):
+            want[b, hits[0, 0] + 1:] = -1
+    got = torch.from_numpy(np.load(gen_path))
+    ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
+              (got.tolist()[0], want.tolist()[0]))
+
+
+def expect_failure(ck, what, folder, needles, extra=()):
+    rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(ck.root, "bad_ids.npy")] + list(extra))
+    ok = rc == 2 and all(n in err for n in needles) and "error" in err
+    ck.report(ok, "bad folder: " + what, "exit %d: %s" % (rc, " ".join(err.split())[:200]))
+
+
+def bad_folders(ck, gpt2_cfg, llama_cfg):
+    save_npy(os.path.join(ck.root, "bad_ids.npy"), np.array([[1, 2, 3]], dtype=np.int64))
+    g = torch.Generator().manual_seed(9)
+    W = gpt2_weights(gpt2_cfg, g, "", False, False)
+    d = os.path.join(ck.root, "bad")
+
+    f = os.path.join(d, "missing_shard")
+    write_folder(f, gpt2_cfg, W, "F32", shards=2)
+    os.remove(os.path.join(f, "model-00002-of-00002.safetensors"))
+    expect_failure(ck, "missing shard", f, ["model-00002-of-00002.safetensors", "missing"])
+
+    f = os.path.join(d, "index_names_absent_tensor")
+    write_folder(f, gpt2_cfg, W, "F32", shards=2)
+    idx = json.load(open(os.path.join(f, "model.safetensors.index.json")))
+    idx["weight_map"]["h.0.ln_1.weight"] = "model-00002-of-00002.safetensors" \
+        if idx["weight_map"]["h.0.ln_1.weight"].startswith("model-00001") else "model-00001-of-00002.safetensors"
+    json.dump(idx, open(os.path.join(f, "model.safetensors.index.json"), "w"))
+    expect_failure(ck, "index names a tensor its shard lacks", f, ["h.0.ln_1.weight", "does not hold it"])
+
+    f = os.path.join(d, "bf16_wrong_length")
+    write_folder(f, gpt2_cfg, W, "BF16", corrupt="h.1.mlp.c_fc.bias")
+    expect_failure(ck, "BF16 tensor of the wrong byte length", f, ["h.1.mlp.c_fc.bias"])
+
+    f = os.path.join(d, "unsupported_type")
+    write_folder(f, dict(gpt2_cfg, model_type="t5"), W)
+    expect_failure(ck, "unsupported model_type", f, ["model_type", "t5"])
+
+    f = os.path.join(d, "rope_scaling")
+    gl = torch.Generator().manual_seed(3)
+    write_folder(f, dict(llama_cfg, rope_scaling={"type": "linear", "factor": 2.0}),
+                 llama_weights(llama_cfg, gl, "model."))
+    expect_failure(ck, "rope_scaling", f, ["rope_scaling", "linear"])
+
+    f = os.path.join(d, "inverse_layer_idx")
+    write_folder(f, dict(gpt2_cfg, scale_attn_by_inverse_layer_idx=True), W)
+    expect_failure(ck, "scale_attn_by_inverse_layer_idx", f, ["scale_attn_by_inverse_layer_idx", "true"])
+
+    f = os.path.join(d, "misshapen")
+    W2 = dict(W)
+    W2["h.1.attn.c_proj.weight"] = torch.zeros(gpt2_cfg["n_embd"], gpt2_cfg["n_embd"] + 1)
+    write_folder(f, gpt2_cfg, W2)
+    D = gpt2_cfg["n_embd"]
+    expect_failure(ck, "misshapen tensor", f, ["h.1.attn.c_proj.weight", "(%d, %d)" % (D, D + 1), "(%d, %d)" % (D, D)])
+
+    f = os.path.join(d, "missing_tensor")
+    W3 = {k: v for k, v in W.items() if k != "h.0.mlp.c_fc.bias"}
+    write_folder(f, gpt2_cfg, W3)
+    expect_failure(ck, "missing tensor", f, ["h.0.mlp.c_fc.bias", "missing"])
+
+    f = os.path.join(d, "no_weights")
+    os.makedirs(f, exist_ok=True)
+    json.dump(gpt2_cfg, open(os.path.join(f, "config.json"), "w"))
+    expect_failure(ck, "no weight files", f, ["model.safetensors"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--qkv", required=True)
+    ap.add_argument("--keep", help="work directory to keep (default: a temporary one, removed)")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    root = a.keep or tempfile.mkdtemp(prefix="hf_parity.")
+    os.makedirs(root, exist_ok=True)
+    torch.manual_seed(0)
+    ck = Checks(os.path.abspath(a.qkv), root, a.verbose)
+    gpt2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 101, "n_embd": 48,
+            "n_head": 4, "n_layer": 2, "n_positions": 32, "n_ctx": 32, "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1, "embd_pdrop": 0.1,
+            "attn_pdrop": 0.1, "bos_token_id": 100, "eos_token_id": 100, "torch_dtype": "float32"}
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 97, "hidden_size": 64,
+             "intermediate_size": 88, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 64, "hidden_act": "silu",
+             "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "rope_scaling": None,
+             "attention_bias": False, "pretraining_tp": 1}
+    model_case(ck, "gpt2_f32_prefixed", "gpt2", gpt2, prefix="transformer.", with_head=True, buffers=True, seed=1)
+    model_case(ck, "gpt2_bf16_sharded", "gpt2", dict(gpt2, n_inner=72), dtype="BF16", shards=2, seed=2)
+    model_case(ck, "llama_f32_gqa", "llama", llama, prefix="model.", seed=3)
+    model_case(ck, "llama_f16_tied_head_dim", "llama",
+               dict(llama, tie_word_embeddings=True, head_dim=24, num_key_value_heads=1), dtype="F16",
+               prefix="model.", seed=4)
+    bad_folders(ck, gpt2, llama)
+    print("%d passed, %d failed" % (ck.passed, ck.failed))
+    if not a.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    sys.exit(0 if ck.failed == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
