@@ -301,7 +301,7 @@ Runner add_forward(CLI::App& app) {
   c->add_option("--generate", o->generate,
                 "Also decode N tokens greedily with the key/value cache from each row of --input (encoder-decoder: "
                 "translate it)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->transform(whole(1, int64_t{1} << 20));
   c->add_option("--generated", o->generated, "Write the --generate tokens here (.npy int64 (B, N), -1 after an eos)");
   return [o] { return run_forward(*o); };
 }
