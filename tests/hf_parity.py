@@ -117,11 +117,13 @@ def gelu_new(x):
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def attend(q, k, v, lengths):
-    """q (B, H, T, hd), k/v (B, H, T, hd): causal, keys at or past a row's length blocked."""
+def attend(q, k, v, lengths, causal=True):
+    """q (B, H, Tq, hd), k/v (B, H, Tk, hd): causal or not, keys at or past a row's length blocked."""
     B, H, T, hd = q.shape
+    Tk = k.shape[2]
     s = q @ k.transpose(-1, -2) / math.sqrt(hd)
-    allowed = torch.ones(T, T, dtype=torch.bool).tril()[None, None].expand(B, 1, T, T).clone()
+    base = torch.ones(T, Tk, dtype=torch.bool)
+    allowed = (base.tril() if causal else base)[None, None].expand(B, 1, T, Tk).clone()
     for b in range(B):
         allowed[b, :, :, lengths[b]:] = False
     s = s.masked_fill(~allowed, float("-inf"))
@@ -194,6 +196,157 @@ def llama_forward(W, cfg, ids, lengths, prefix):
     x = rms_norm(x, W[p + "norm.weight"], eps)
     head = W[p + "embed_tokens.weight"] if cfg.get("tie_word_embeddings", False) else W["lm_head.weight"]
     return x @ head.T
+
+
+def heads(t, H):
+    B, T, W = t.shape
+    return t.view(B, T, H, W // H).transpose(1, 2)
+
+
+def merge(t):
+    B, H, T, hd = t.shape
+    return t.transpose(1, 2).reshape(B, T, H * hd)
+
+
+def lin(x, W, name):
+    return x @ W[name + ".weight"].T + W[name + ".bias"]
+
+
+def ln(x, W, name, eps):
+    return F.layer_norm(x, (x.shape[-1],), W[name + ".weight"], W[name + ".bias"], eps)
+
+
+def bert_forward(W, cfg, ids, lengths, prefix, head):
+    p, B, T = prefix, ids.shape[0], ids.shape[1]
+    H, eps = cfg["num_attention_heads"], cfg["layer_norm_eps"]
+    x = W[p + "embeddings.word_embeddings.weight"][ids] + W[p + "embeddings.position_embeddings.weight"][:T][None] \
+        + W[p + "embeddings.token_type_embeddings.weight"][0]
+    x = ln(x, W, p + "embeddings.LayerNorm", eps)
+    for i in range(cfg["num_hidden_layers"]):
+        h = p + "encoder.layer.%d." % i
+        q, k, v = (heads(lin(x, W, h + "attention.self." + n), H) for n in ("query", "key", "value"))
+        x = ln(x + lin(merge(attend(q, k, v, lengths, causal=False)), W, h + "attention.output.dense"), W,
+               h + "attention.output.LayerNorm", eps)
+        f = F.gelu(lin(x, W, h + "intermediate.dense"))
+        x = ln(x + lin(f, W, h + "output.dense"), W, h + "output.LayerNorm", eps)
+    if head == "mlm":
+        t = ln(F.gelu(lin(x, W, "cls.predictions.transform.dense")), W, "cls.predictions.transform.LayerNorm", eps)
+        return t @ W[p + "embeddings.word_embeddings.weight"].T + W["cls.predictions.bias"]
+    if head == "classifier":
+        pooled = torch.tanh(lin(x[:, 0], W, p + "pooler.dense"))
+        return lin(pooled, W, "classifier")
+    return x
+
+
+def split_half_positions(T, D):
+    enc = np.array([[pos / np.power(10000, 2 * (j // 2) / D) for j in range(D)] for pos in range(T)])
+    out = np.zeros((T, D))
+    h = (D + 1) // 2
+    out[:, :h] = np.sin(enc[:, 0::2])
+    out[:, h:] = np.cos(enc[:, 1::2])
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def marian_forward(W, cfg, src, src_len, tgt):
+    D, H = cfg["d_model"], cfg["encoder_attention_heads"]
+    E = W["model.shared.weight"]
+    scale = math.sqrt(D) if cfg.get("scale_embedding") else 1.0
+    act = F.silu
+    eps = 1e-5
+
+    def attn(x, mem, pre, lengths, causal):
+        q = heads(lin(x, W, pre + "q_proj"), H)
+        k, v = heads(lin(mem, W, pre + "k_proj"), H), heads(lin(mem, W, pre + "v_proj"), H)
+        return lin(merge(attend(q, k, v, lengths, causal)), W, pre + "out_proj")
+
+    x = E[src] * scale + split_half_positions(src.shape[1], D)[None]
+    for i in range(cfg["encoder_layers"]):
+        h = "model.encoder.layers.%d." % i
+        x = ln(x + attn(x, x, h + "self_attn.", src_len, False), W, h + "self_attn_layer_norm", eps)
+        x = ln(x + lin(act(lin(x, W, h + "fc1")), W, h + "fc2"), W, h + "final_layer_norm", eps)
+    y = E[tgt] * scale + split_half_positions(tgt.shape[1], D)[None]
+    full = [tgt.shape[1]] * tgt.shape[0]
+    for i in range(cfg["decoder_layers"]):
+        h = "model.decoder.layers.%d." % i
+        y = ln(y + attn(y, y, h + "self_attn.", full, True), W, h + "self_attn_layer_norm", eps)
+        y = ln(y + attn(y, x, h + "encoder_attn.", src_len, False), W, h + "encoder_attn_layer_norm", eps)
+        y = ln(y + lin(act(lin(y, W, h + "fc1")), W, h + "fc2"), W, h + "final_layer_norm", eps)
+    return y @ E.T + W["final_logits_bias"][0]
+
+
+def bert_weights(cfg, g, prefix, head, old_names=False):
+    D, V, L, Fi = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    r = lambda *s, std=0.3: torch.randn(*s, generator=g) * std
+    p = prefix
+    W = {p + "embeddings.word_embeddings.weight": r(V, D),
+         p + "embeddings.position_embeddings.weight": r(cfg["max_position_embeddings"], D),
+         p + "embeddings.token_type_embeddings.weight": r(cfg["type_vocab_size"], D),
+         p + "embeddings.LayerNorm.weight": 1 + r(D, std=0.1), p + "embeddings.LayerNorm.bias": r(D, std=0.1),
+         p + "embeddings.position_ids": torch.arange(cfg["max_position_embeddings"])[None].float()}
+
+    def linear(name, o, i):
+        W[name + ".weight"], W[name + ".bias"] = r(o, i), r(o, std=0.1)
+
+    def norm(name):
+        W[name + ".weight"], W[name + ".bias"] = 1 + r(D, std=0.1), r(D, std=0.1)
+
+    for i in range(L):
+        h = p + "encoder.layer.%d." % i
+        for n in ("query", "key", "value"):
+            linear(h + "attention.self." + n, D, D)
+        linear(h + "attention.output.dense", D, D)
+        norm(h + "attention.output.LayerNorm")
+        linear(h + "intermediate.dense", Fi, D)
+        linear(h + "output.dense", D, Fi)
+        norm(h + "output.LayerNorm")
+    if head == "classifier":
+        linear(p + "pooler.dense", D, D)
+        linear("classifier", cfg["num_labels"], D)
+    if head == "mlm":
+        linear("cls.predictions.transform.dense", D, D)
+        norm("cls.predictions.transform.LayerNorm")
+        W["cls.predictions.bias"] = r(V, std=0.1)
+        W["cls.predictions.decoder.weight"] = W[p + "embeddings.word_embeddings.weight"].clone()
+        W["cls.predictions.decoder.bias"] = W["cls.predictions.bias"].clone()
+        W["cls.seq_relationship.weight"], W["cls.seq_relationship.bias"] = r(2, D), r(2)  # unused by MLM
+    return W
+
+
+def old_layernorm_names(W):
+    """LayerNorm.weight / .bias as the first BERT checkpoints named them: gamma / beta."""
+    return {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in W.items()}
+
+
+def marian_weights(cfg, g):
+    D, V, Fi = cfg["d_model"], cfg["vocab_size"], cfg["encoder_ffn_dim"]
+    r = lambda *s, std=0.3: torch.randn(*s, generator=g) * std
+    W = {"model.shared.weight": r(V, D), "final_logits_bias": r(1, V, std=0.1)}
+    W["model.encoder.embed_tokens.weight"] = W["model.shared.weight"].clone()
+    W["model.decoder.embed_tokens.weight"] = W["model.shared.weight"].clone()
+    P = cfg["max_position_embeddings"]
+    W["model.encoder.embed_positions.weight"] = split_half_positions(P, D)
+    W["model.decoder.embed_positions.weight"] = split_half_positions(P, D)
+
+    def linear(name, o, i):
+        W[name + ".weight"], W[name + ".bias"] = r(o, i), r(o, std=0.1)
+
+    def norm(name):
+        W[name + ".weight"], W[name + ".bias"] = 1 + r(D, std=0.1), r(D, std=0.1)
+
+    for side, L in (("encoder", cfg["encoder_layers"]), ("decoder", cfg["decoder_layers"])):
+        for i in range(L):
+            h = "model.%s.layers.%d." % (side, i)
+            attns = ["self_attn"] + (["encoder_attn"] if side == "decoder" else [])
+            for a in attns:
+                for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    linear(h + a + "." + n, D, D)
+                norm(h + a + "_layer_norm")
+            linear(h + "fc1", Fi, D)
+            linear(h + "fc2", D, Fi)
+            norm(h + "final_layer_norm")
+    W["lm_head.weight"] = W["model.shared.weight"].clone()
+    return W
 
 
 def gpt2_weights(cfg, g, prefix, with_head, buffers):
@@ -275,6 +428,62 @@ def llama_names(cfg, prefix):
         out[l + "norm2.weight"] = [(h + "post_attention_layernorm.weight", False)]
         out[l + "linear1.weight"] = [(h + "mlp.gate_proj.weight", False), (h + "mlp.up_proj.weight", False)]
         out[l + "linear2.weight"] = [(h + "mlp.down_proj.weight", False)]
+    return out
+
+
+def attention_names(out, l, h, q, k, v, o):
+    out[l + "q_proj_weight"] = [(h + q + ".weight", False)]
+    out[l + "k_proj_weight"] = [(h + k + ".weight", False)]
+    out[l + "v_proj_weight"] = [(h + v + ".weight", False)]
+    out[l + "in_proj_bias"] = [(h + q + ".bias", False), (h + k + ".bias", False), (h + v + ".bias", False)]
+    out[l + "out_proj.weight"] = [(h + o + ".weight", False)]
+    out[l + "out_proj.bias"] = [(h + o + ".bias", False)]
+
+
+def pair(out, q, hf):
+    out[q + ".weight"] = [(hf + ".weight", False)]
+    out[q + ".bias"] = [(hf + ".bias", False)]
+
+
+def bert_names(cfg, prefix, head):
+    p = prefix
+    out = {"embed.weight": [(p + "embeddings.word_embeddings.weight", False)],
+           "pos_embed.weight": [(p + "embeddings.position_embeddings.weight", False)],
+           "type_embed.weight": [(p + "embeddings.token_type_embeddings.weight", False)]}
+    pair(out, "embed_norm", p + "embeddings.LayerNorm")
+    for i in range(cfg["num_hidden_layers"]):
+        h, l = p + "encoder.layer.%d." % i, "encoder.layers.%d." % i
+        attention_names(out, l + "self_attn.", h, "attention.self.query", "attention.self.key", "attention.self.value",
+                        "attention.output.dense")
+        pair(out, l + "norm1", h + "attention.output.LayerNorm")
+        pair(out, l + "linear1", h + "intermediate.dense")
+        pair(out, l + "linear2", h + "output.dense")
+        pair(out, l + "norm2", h + "output.LayerNorm")
+    if head == "classifier":
+        pair(out, "pooler", p + "pooler.dense")
+        pair(out, "classifier", "classifier")
+    if head == "mlm":
+        pair(out, "mlm.transform", "cls.predictions.transform.dense")
+        pair(out, "mlm.norm", "cls.predictions.transform.LayerNorm")
+        out["mlm.bias"] = [("cls.predictions.bias", False)]
+    return out
+
+
+def marian_names(cfg):
+    out = {"shared_embed.weight": [("model.shared.weight", False)], "lm_head.bias": [("final_logits_bias", False)]}
+    for side, L in (("encoder", cfg["encoder_layers"]), ("decoder", cfg["decoder_layers"])):
+        for i in range(L):
+            h, l = "model.%s.layers.%d." % (side, i), "%s.layers.%d." % (side, i)
+            attention_names(out, l + "self_attn.", h, "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                            "self_attn.out_proj")
+            pair(out, l + "norm1", h + "self_attn_layer_norm")
+            if side == "decoder":
+                attention_names(out, l + "multihead_attn.", h, "encoder_attn.q_proj", "encoder_attn.k_proj",
+                                "encoder_attn.v_proj", "encoder_attn.out_proj")
+                pair(out, l + "norm2", h + "encoder_attn_layer_norm")
+            pair(out, l + "linear1", h + "fc1")
+            pair(out, l + "linear2", h + "fc2")
+            pair(out, l + ("norm3" if side == "decoder" else "norm2"), h + "final_layer_norm")
     return out
 
 
@@ -369,7 +578,7 @@ def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_hea
             continue
         want = torch.cat([Wr[h].grad.T if t else Wr[h].grad for h, t in parts], dim=0)
         gq = torch.from_numpy(np.load(os.path.join(grads, qn + ".npy")))
-        e = (gq - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+        e = (gq.reshape(-1) - want.reshape(-1)).abs().max().item() / max(want.abs().max().item(), 1e-6)
         if ck.verbose:
             print("   grad %-40s %.2e" % (qn, e))
         if e > worst:
@@ -395,6 +604,147 @@ def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_hea
         if len(hits):
             want[b, hits[0, 0] + 1:] = -1
     got = torch.from_numpy(np.load(gen_path))
+    ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
+              (got.tolist()[0], want.tolist()[0]))
+
+
+def compare_grads(ck, name, Wr, names, grads):
+    files = {f[:-4] for f in os.listdir(grads)}
+    worst, worst_name, missing = 0.0, "", sorted(set(names) ^ files)
+    for qn, parts in names.items():
+        if qn not in files:
+            continue
+        want = torch.cat([(Wr[h].grad.T if t else Wr[h].grad).reshape(-1) for h, t in parts])
+        gq = torch.from_numpy(np.load(os.path.join(grads, qn + ".npy"))).reshape(-1)
+        e = (gq - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+        if ck.verbose:
+            print("   grad %-40s %.2e" % (qn, e))
+        if e > worst:
+            worst, worst_name = e, qn
+    ck.report(worst <= GRAD_TOL and not missing, name + " gradients",
+              "worst %.2e in %s (tol %.0e)%s" % (worst, worst_name, GRAD_TOL,
+                                                 "; names differ: %s" % missing if missing else ""))
+
+
+def compare_logits(ck, name, got, ref, valid):
+    """max |got - ref| / max |ref| over the rows valid[b] positions of each batch row."""
+    num = den = 0.0
+    for b, n in enumerate(valid):
+        num = max(num, (got[b, :n] - ref[b, :n].detach()).abs().max().item())
+        den = max(den, ref[b, :n].detach().abs().max().item())
+    rel = num / den
+    ck.report(rel <= LOGITS_TOL, name + " logits", "max rel err %.2e (tol %.0e) over %s, max|ref| %.2f" %
+              (rel, LOGITS_TOL, "x".join(map(str, ref.shape)), den))
+
+
+def compare_loss(ck, name, out, loss):
+    qloss = float(out.split("loss ")[1].split()[0]) if "loss " in out else float("nan")
+    lrel = abs(qloss - loss.item()) / abs(loss.item())
+    ck.report(lrel <= LOSS_TOL, name + " loss", "qkv %.7g torch %.7g rel %.1e" % (qloss, loss.item(), lrel))
+
+
+def bert_case(ck, name, cfg, head, dtype="F32", prefix="bert.", old_names=False, seed=0):
+    work = os.path.join(ck.root, name)
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = bert_weights(cfg, g, prefix, head)
+    folder = os.path.join(work, "hf")
+    write_folder(folder, cfg, old_layernorm_names(W) if old_names else W, dtype)
+    Wr = {k: rounded(v, dtype).requires_grad_(k.endswith("weight") or k.endswith("bias")) for k, v in W.items()}
+    V, B, T = cfg["vocab_size"], 3, 8
+    lengths = [T, 5, 3]
+    ids = torch.randint(1, V, (B, T), generator=g)  # 0 is [PAD]
+    for b in range(B):
+        ids[b, lengths[b]:] = 0
+    save_npy(os.path.join(work, "ids.npy"), ids.numpy().astype(np.int64))
+    ref = bert_forward(Wr, cfg, ids, lengths, prefix, head)
+    args = ["forward", "--model", folder, "--input", os.path.join(work, "ids.npy"), "--out",
+            os.path.join(work, "logits.npy")]
+    if head == "mlm":
+        target = torch.full((B, T), -100)
+        for b in range(B):
+            for t in range(0, lengths[b], 2):
+                target[b, t] = int(torch.randint(0, V, (1,), generator=g))
+        loss = F.cross_entropy(ref.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    elif head == "classifier":
+        target = torch.randint(0, cfg["num_labels"], (B,), generator=g)
+        loss = F.cross_entropy(ref, target)
+    else:
+        target = loss = None
+    if target is not None:
+        save_npy(os.path.join(work, "target.npy"), target.numpy().astype(np.int64))
+        args += ["--target", os.path.join(work, "target.npy"), "--grads", os.path.join(work, "grads")]
+    rc, out, err = ck.run(args)
+    if rc != 0:
+        ck.report(False, name + " forward", "exit %d: %s" % (rc, err.strip()))
+        return
+    got = torch.from_numpy(np.load(os.path.join(work, "logits.npy")))
+    if head == "classifier":
+        compare_logits(ck, name, got[:, None], ref[:, None], [1] * B)
+    else:
+        compare_logits(ck, name, got, ref, lengths)
+    if loss is not None:
+        loss.backward()
+        compare_loss(ck, name, out, loss)
+        names = bert_names(cfg, prefix, head)
+        if old_names:
+            names = {q: [(k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"), t)
+                         for k, t in parts] for q, parts in names.items()}
+            Wr = old_layernorm_names(Wr)
+        compare_grads(ck, name, Wr, names, os.path.join(work, "grads"))
+
+
+def marian_case(ck, name, cfg, dtype="F32", seed=0):
+    work = os.path.join(ck.root, name)
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = marian_weights(cfg, g)
+    folder = os.path.join(work, "hf")
+    write_folder(folder, cfg, W, dtype)
+    Wr = {k: rounded(v, dtype).requires_grad_(True) for k, v in W.items()}
+    V, pad, eos, start = cfg["vocab_size"], cfg["pad_token_id"], cfg["eos_token_id"], cfg["decoder_start_token_id"]
+    B, S, T = 3, 9, 7
+    src_len = [S, 6, 4]
+    src = torch.randint(1, pad, (B, S), generator=g)
+    for b in range(B):
+        src[b, src_len[b] - 1] = eos  # Marian's tokenizer ends a source with </s>
+        src[b, src_len[b]:] = pad
+    tgt_full = torch.randint(1, pad, (B, T), generator=g)
+    dec_in = torch.cat([torch.full((B, 1), start), tgt_full[:, :-1]], dim=1)
+    target = tgt_full.clone()
+    target[2, 4:] = pad  # a shorter target: its padding is not scored
+    for name_, a in (("src", src), ("dec", dec_in), ("target", target)):
+        save_npy(os.path.join(work, name_ + ".npy"), a.numpy().astype(np.int64))
+    ref = marian_forward(Wr, cfg, src, src_len, dec_in)
+    rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(work, "src.npy"), "--decoder-input",
+                           os.path.join(work, "dec.npy"), "--target", os.path.join(work, "target.npy"), "--out",
+                           os.path.join(work, "logits.npy"), "--grads", os.path.join(work, "grads")])
+    if rc != 0:
+        ck.report(False, name + " forward", "exit %d: %s" % (rc, err.strip()))
+        return
+    compare_logits(ck, name, torch.from_numpy(np.load(os.path.join(work, "logits.npy"))), ref, [T] * B)
+    loss = F.cross_entropy(ref.reshape(-1, V), target.reshape(-1), ignore_index=pad)
+    loss.backward()
+    compare_loss(ck, name, out, loss)
+    compare_grads(ck, name, Wr, marian_names(cfg), os.path.join(work, "grads"))
+    # greedy translation with the cache against full recomputation
+    rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(work, "src.npy"), "--decoder-input",
+                           os.path.join(work, "dec.npy"), "--generate", 6, "--generated",
+                           os.path.join(work, "generated.npy")])
+    if rc != 0:
+        ck.report(False, name + " decoding", "exit %d: %s" % (rc, err.strip()))
+        return
+    with torch.no_grad():
+        seq = torch.full((B, 1), start)
+        for _ in range(6):
+            nxt = marian_forward(Wr, cfg, src, src_len, seq)[:, -1].argmax(-1)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+        want = seq[:, 1:].clone()
+    for b in range(B):
+        hits = (want[b] == eos).nonzero()
+        if len(hits):
+            want[b, hits[0, 0] + 1:] = -1
+    got = torch.from_numpy(np.load(os.path.join(work, "generated.npy")))
     ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
               (got.tolist()[0], want.tolist()[0]))
 
@@ -485,6 +835,22 @@ def main():
     model_case(ck, "llama_f16_tied_head_dim", "llama",
                dict(llama, tie_word_embeddings=True, head_dim=24, num_key_value_heads=1), dtype="F16",
                prefix="model.", seed=4)
+    bert = {"model_type": "bert", "architectures": ["BertForMaskedLM"], "vocab_size": 83, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 56, "hidden_act": "gelu",
+            "max_position_embeddings": 24, "type_vocab_size": 2, "layer_norm_eps": 1e-12, "pad_token_id": 0,
+            "position_embedding_type": "absolute", "hidden_dropout_prob": 0.1, "classifier_dropout": None}
+    bert_case(ck, "bert_mlm_f32", bert, "mlm", seed=5)
+    bert_case(ck, "bert_classifier_bf16_old_names", dict(bert, architectures=["BertForSequenceClassification"],
+                                                         num_labels=3, id2label={"0": "a", "1": "b", "2": "c"}),
+              "classifier", dtype="BF16", old_names=True, seed=6)
+    bert_case(ck, "bert_model_f16", dict(bert, architectures=["BertModel"]), "none", dtype="F16", prefix="", seed=7)
+    marian = {"model_type": "marian", "architectures": ["MarianMTModel"], "vocab_size": 67, "d_model": 32,
+              "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+              "encoder_ffn_dim": 48, "decoder_ffn_dim": 48, "activation_function": "swish",
+              "max_position_embeddings": 64, "scale_embedding": True, "pad_token_id": 66, "eos_token_id": 0,
+              "decoder_start_token_id": 66, "share_encoder_decoder_embeddings": True, "dropout": 0.1,
+              "static_position_embeddings": True}
+    marian_case(ck, "marian_f32", marian, seed=8)
     bad_folders(ck, gpt2, llama)
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.keep:

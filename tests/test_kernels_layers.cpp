@@ -172,13 +172,16 @@ double act_ref(Activation a, double x) {
     }
     case Activation::SiLU:
       return static_cast<double>(static_cast<long double>(x) / (1.0L + std::exp(-static_cast<long double>(x))));
+    case Activation::Tanh:
+      return static_cast<double>(std::tanh(static_cast<long double>(x)));
   }
   return 0;
 }
 
 double swiglu_ref(double a, double b) { return a / (1.0 + std::exp(-a)) * b; }
 
-constexpr Activation kAll[] = {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh, Activation::SiLU};
+constexpr Activation kAll[] = {Activation::ReLU, Activation::GeluErf, Activation::GeluTanh, Activation::SiLU,
+                               Activation::Tanh};
 
 const char* name(Activation a) {
   switch (a) {
@@ -190,6 +193,8 @@ const char* name(Activation a) {
       return "GeluTanh";
     case Activation::SiLU:
       return "SiLU";
+    case Activation::Tanh:
+      return "Tanh";
   }
   return "?";
 }
@@ -517,7 +522,8 @@ TEST(Activations, PinnedValuesAndEdges) {
   kernels::activation_forward(Activation::ReLU, &neg_zero, &y, 1, 1);
   EXPECT_EQ(y, 0.0f);
 
-  // Saturation: finite everywhere, y -> x or 0 and f' -> 1 or 0, up to the largest float.
+  // Saturation: finite everywhere, y -> x or 0 and f' -> 1 or 0 (tanh: y -> +-1, f' -> 0), up to
+  // the largest float.
   const std::vector<float> big = {1000.0f, -1000.0f, FLT_MAX, -FLT_MAX, 1e20f, -1e20f};
   const std::vector<float> ones(big.size(), 1.0f);
   for (Activation a : kAll) {
@@ -526,6 +532,11 @@ TEST(Activations, PinnedValuesAndEdges) {
     kernels::activation_forward(a, big.data(), ys.data(), static_cast<int64_t>(big.size()), 1);
     kernels::activation_backward(a, big.data(), ones.data(), dxs.data(), static_cast<int64_t>(big.size()), 1);
     for (size_t k = 0; k < big.size(); ++k) {
+      if (a == Activation::Tanh) {
+        EXPECT_EQ(ys[k], big[k] > 0 ? 1.0f : -1.0f) << "x = " << big[k];
+        EXPECT_EQ(dxs[k], 0.0f) << "x = " << big[k];
+        continue;
+      }
       EXPECT_EQ(ys[k], big[k] > 0 ? big[k] : 0.0f) << "x = " << big[k];
       EXPECT_EQ(dxs[k], big[k] > 0 ? 1.0f : 0.0f) << "x = " << big[k];
     }

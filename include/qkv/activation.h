@@ -11,9 +11,10 @@ enum class Activation {
   GeluErf,   // 0.5 x (1 + erf(x / sqrt(2)))                       (PyTorch approximate='none'; HF "gelu")
   GeluTanh,  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (PyTorch approximate='tanh'; HF "gelu_new")
   SiLU,      // x sigmoid(x)                                       (HF "silu" / "swish")
+  Tanh,      // tanh(x)                                            (BERT's pooler)
 };
 
-// "relu", "gelu", "gelu_tanh", "silu": the names config.json uses.
+// "relu", "gelu", "gelu_tanh", "silu", "tanh": the names config.json uses.
 const char* activation_name(Activation a);
 
 }  // namespace qkv

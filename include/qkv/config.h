@@ -8,7 +8,11 @@
 
 namespace qkv {
 
-enum class Arch { Decoder, EncoderDecoder, EncoderClassifier };
+// Decoder: a causal stack and an LM head (GPT, Llama). EncoderDecoder: the 2017 translation model.
+// EncoderClassifier: an encoder, pooled, and a classification head (BERT for sequence
+// classification). EncoderMLM: an encoder and a masked-LM head (BERT for masked LM). Encoder: the
+// bare encoder, whose output is its final hidden states (BertModel).
+enum class Arch { Decoder, EncoderDecoder, EncoderClassifier, EncoderMLM, Encoder };
 // Sinusoidal: the 2017 paper's interleaved sin/cos columns; SinusoidalSplitHalf: all sines, then
 // all cosines (Hugging Face's Marian).
 enum class Positional { Sinusoidal, Learned, Rope, Alibi, None, SinusoidalSplitHalf };
@@ -38,6 +42,11 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   bool scale_embeddings = false;  // embeddings times sqrt(d_model), as in the 2017 paper
   bool tie_embeddings = false;    // the output projection is the (target) embedding matrix
+  bool share_embeddings = false;  // encoder-decoder: one embedding matrix for source and target
+  int64_t type_vocab_size = 0;    // token-type (segment) embeddings added to the input (BERT); 0: none
+  bool embed_norm = false;        // a LayerNorm over the embeddings (BERT)
+  bool logits_bias = false;       // a bias on the LM head's logits (Marian's final_logits_bias)
+  bool pooler = false;            // classifier: dense + tanh over the pooled vector first (BERT's pooler)
   bool bias = true;               // biases in the projections and feed-forward layers
   bool fused_qkv = true;          // one in_proj_weight, or q/k/v_proj_weight
   double dropout = 0.0;           // residual, embedding and feed-forward dropout while training

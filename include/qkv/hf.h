@@ -7,6 +7,12 @@
 //          stored (in, out)), gelu_new, ln_f, the head tied to wte
 //   llama  LlamaForCausalLM: RMSNorm, RoPE (rotate-half), grouped-query attention, SwiGLU,
 //          the head tied or not
+//   bert   BertModel (hidden states), BertForMaskedLM, BertForSequenceClassification: word +
+//          position + token-type embeddings and their LayerNorm, post-norm, erf GELU, the tanh
+//          pooler, the masked-LM transform and bias, the classifier
+//   marian MarianMTModel (OPUS-MT): shared embeddings scaled by sqrt(d_model), split-half
+//          sinusoidal positions, post-norm, swish, final_logits_bias; the decoder starts from
+//          decoder_start_token_id (the pad token) and source pad tokens are padding
 // A config key that changes the computation and that qkv does not implement (rope_scaling,
 // scale_attn_by_inverse_layer_idx, ...) is an error naming the key and its value; keys that do
 // not change it (dropout rates, torch_dtype, architectures, ...) are ignored. A missing or

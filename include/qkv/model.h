@@ -1,8 +1,12 @@
 // qkv/model.h: the chapter's transformer family, built from the ops in qkv/ops.h.
 //
-//   Decoder            a decoder-only language model (GPT): causal self-attention layers
-//   EncoderDecoder     the 2017 translation model: encoder, decoder with cross-attention
+//   Decoder            a decoder-only language model (GPT, Llama): causal self-attention layers
+//   EncoderDecoder     the 2017 translation model: encoder, decoder with cross-attention (Marian)
 //   EncoderClassifier  an encoder whose pooled output feeds a classification head
+//   EncoderMLM         an encoder with a masked-LM head (BERT)
+//   Encoder            the bare encoder: its final hidden states
+//
+// Hugging Face folders (config.json with "model_type") load too: qkv/hf.h.
 //
 // A model on disk is a directory holding config.json (ModelConfig) and model.safetensors (the
 // parameters, float32), the Hugging Face convention. Parameter names follow PyTorch's
@@ -66,8 +70,8 @@ class Model {
   // scaled by 1/sqrt(2 * layers), unit norms, zero biases). Same seed, same weights.
   void init(uint64_t seed);
 
-  // Logits: (B, T, V) for Decoder, (B, T', V) for EncoderDecoder, (B, num_classes) for
-  // EncoderClassifier.
+  // Logits: (B, T, V) for Decoder and EncoderMLM, (B, T', V) for EncoderDecoder, (B, num_classes)
+  // for EncoderClassifier; for a bare Encoder its final hidden states (B, T, d_model).
   Var logits(Tape& tape, const Batch& batch, const ForwardOptions& opt = {}) const;
   // Checks a batch against this model before any work, every message naming the tensor as
   // `names` calls it: int ids shaped (B, T) with B, T >= 1 (decoder_input (B, T'), encoder-decoder

@@ -176,6 +176,7 @@ double act_value(Activation f, double v) {
       return v * sigmoid(2.0 * u);
     }
     case Activation::SiLU: return v * sigmoid(v);
+    case Activation::Tanh: return std::tanh(v);
   }
   return v;
 }
@@ -193,6 +194,11 @@ double act_grad(Activation f, double v) {
       return s + 2.0 * vc * (s * sigmoid(-2.0 * u)) * du;
     }
     case Activation::SiLU: return sigmoid(v) * (1.0 + v * sigmoid(-v));
+    case Activation::Tanh: {
+      // 1 - tanh^2 = 4 s (1 - s) with s = sigmoid(2v): no cancellation where tanh is near +-1
+      const double s = sigmoid(2.0 * v);
+      return 4.0 * s * sigmoid(-2.0 * v);
+    }
   }
   return 1.0;
 }
@@ -250,8 +256,9 @@ void activation_forward(Activation a, const float* x, float* y, int64_t n, int t
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_forward_block(x + b, y + b, c); });
       break;
     case Activation::SiLU:
-      // y <- x sigmoid(x)
-      for_each_index(n, threads, [=](int64_t i) { y[i] = static_cast<float>(act_value(Activation::SiLU, x[i])); });
+    case Activation::Tanh:
+      // y <- x sigmoid(x), tanh(x)
+      for_each_index(n, threads, [=](int64_t i) { y[i] = static_cast<float>(act_value(a, x[i])); });
       break;
   }
 }
@@ -276,8 +283,9 @@ void activation_backward(Activation a, const float* x, const float* dy, float* d
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_backward_block(x + b, dy + b, dx + b, c); });
       break;
     case Activation::SiLU:
-      // dx <- dy * s (1 + x (1 - s)),  s = sigmoid(x)
-      for_each_index(n, threads, [=](int64_t i) { dx[i] = static_cast<float>(dy[i] * act_grad(Activation::SiLU, x[i])); });
+    case Activation::Tanh:
+      // dx <- dy * s (1 + x (1 - s)), s = sigmoid(x);  dx <- dy * (1 - tanh^2 x)
+      for_each_index(n, threads, [=](int64_t i) { dx[i] = static_cast<float>(dy[i] * act_grad(a, x[i])); });
       break;
   }
 }
@@ -306,9 +314,10 @@ void activation_forward_grad(Activation a, const float* x, float* y, float* dydx
       for_each_block(n, threads, [=](int64_t b, int64_t c) { gelu_tanh_forward_grad_block(x + b, y + b, dydx + b, c); });
       break;
     case Activation::SiLU:
+    case Activation::Tanh:
       for_each_index(n, threads, [=](int64_t i) {
-        y[i] = static_cast<float>(act_value(Activation::SiLU, x[i]));
-        dydx[i] = static_cast<float>(act_grad(Activation::SiLU, x[i]));
+        y[i] = static_cast<float>(act_value(a, x[i]));
+        dydx[i] = static_cast<float>(act_grad(a, x[i]));
       });
       break;
   }

@@ -26,7 +26,9 @@ struct Names {
 
 constexpr Names<Arch> kArch[] = {{Arch::Decoder, "decoder"},
                                  {Arch::EncoderDecoder, "encoder-decoder"},
-                                 {Arch::EncoderClassifier, "encoder-classifier"}};
+                                 {Arch::EncoderClassifier, "encoder-classifier"},
+                                 {Arch::EncoderMLM, "encoder-mlm"},
+                                 {Arch::Encoder, "encoder"}};
 constexpr Names<Positional> kPos[] = {{Positional::Sinusoidal, "sinusoidal"},
                                       {Positional::Learned, "learned"},
                                       {Positional::Rope, "rope"},
@@ -37,7 +39,8 @@ constexpr Names<NormKind> kNorm[] = {{NormKind::LayerNorm, "layernorm"}, {NormKi
 constexpr Names<Activation> kAct[] = {{Activation::ReLU, "relu"},
                                       {Activation::GeluErf, "gelu"},
                                       {Activation::GeluTanh, "gelu_tanh"},
-                                      {Activation::SiLU, "silu"}};
+                                      {Activation::SiLU, "silu"},
+                                      {Activation::Tanh, "tanh"}};
 constexpr Names<Pooling> kPool[] = {{Pooling::Mean, "mean"}, {Pooling::First, "first"}};
 
 template <class E, size_t N>
@@ -131,7 +134,20 @@ void ModelConfig::validate() const {
       in_range(n_encoder_layers, 1, kMaxSize, "n_encoder_layers");
       in_range(n_decoder_layers, 1, kMaxSize, "n_decoder_layers");
       break;
+    case Arch::EncoderMLM: in_range(n_layers, 1, kMaxSize, "n_layers"); break;
+    case Arch::Encoder:
+      in_range(n_layers, 1, kMaxSize, "n_layers");
+      check(!tie_embeddings, "config: tie_embeddings does not apply to a bare encoder (it has no output layer)");
+      break;
   }
+  check(!share_embeddings || arch == Arch::EncoderDecoder, "config: share_embeddings applies to encoder-decoder only");
+  check(!share_embeddings || source_vocab() == vocab_size, "config: share_embeddings needs src_vocab_size = vocab_size, got ",
+        source_vocab(), " and ", vocab_size);
+  in_range(type_vocab_size, 0, kMaxId, "type_vocab_size", " (0: no token types)");
+  check(type_vocab_size == 0 || arch != Arch::EncoderDecoder, "config: type_vocab_size does not apply to encoder-decoder");
+  check(!logits_bias || arch == Arch::Decoder || arch == Arch::EncoderDecoder || arch == Arch::EncoderMLM,
+        "config: logits_bias needs an LM head (decoder, encoder-decoder or encoder-mlm)");
+  check(!pooler || arch == Arch::EncoderClassifier, "config: pooler applies to encoder-classifier only");
 }
 
 std::string ModelConfig::to_json() const {
@@ -163,6 +179,11 @@ std::string ModelConfig::to_json() const {
   j["rope_theta"] = rope_theta;
   j["scale_embeddings"] = scale_embeddings;
   j["tie_embeddings"] = tie_embeddings;
+  if (arch == Arch::EncoderDecoder) j["share_embeddings"] = share_embeddings;
+  if (type_vocab_size > 0) j["type_vocab_size"] = type_vocab_size;
+  j["embed_norm"] = embed_norm;
+  j["logits_bias"] = logits_bias;
+  if (arch == Arch::EncoderClassifier) j["pooler"] = pooler;
   j["bias"] = bias;
   j["fused_qkv"] = fused_qkv;
   j["dropout"] = dropout;
@@ -217,6 +238,11 @@ ModelConfig ModelConfig::from_json(const std::string& text, const std::string& s
     else if (k == "rope_theta") c.rope_theta = get_num(v, k, source);
     else if (k == "scale_embeddings") c.scale_embeddings = get_bool(v, k, source);
     else if (k == "tie_embeddings") c.tie_embeddings = get_bool(v, k, source);
+    else if (k == "share_embeddings") c.share_embeddings = get_bool(v, k, source);
+    else if (k == "type_vocab_size") c.type_vocab_size = get_int(v, k, source);
+    else if (k == "embed_norm") c.embed_norm = get_bool(v, k, source);
+    else if (k == "logits_bias") c.logits_bias = get_bool(v, k, source);
+    else if (k == "pooler") c.pooler = get_bool(v, k, source);
     else if (k == "bias") c.bias = get_bool(v, k, source);
     else if (k == "fused_qkv") c.fused_qkv = get_bool(v, k, source);
     else if (k == "dropout") c.dropout = get_num(v, k, source);

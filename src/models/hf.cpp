@@ -166,6 +166,104 @@ ModelConfig llama_config(const Keys& c) {
   return m;
 }
 
+ModelConfig bert_config(const Keys& c, const json& j) {
+  ModelConfig m;
+  // the head: from "architectures" (BertForMaskedLM, BertForSequenceClassification; BertModel or
+  // none: the bare encoder)
+  std::string head;
+  if (j.contains("architectures") && j.at("architectures").is_array() && !j.at("architectures").empty() &&
+      j.at("architectures").at(0).is_string())
+    head = j.at("architectures").at(0).get<std::string>();
+  if (head == "BertForMaskedLM" || head == "BertForPreTraining") {
+    m.arch = Arch::EncoderMLM;
+  } else if (head == "BertForSequenceClassification") {
+    m.arch = Arch::EncoderClassifier;
+  } else if (head.empty() || head == "BertModel") {
+    m.arch = Arch::Encoder;
+  } else {
+    throw Error(detail::concat(c.source, ": \"architectures\" is [\"", head,
+                               "\"]: qkv reads BertModel, BertForMaskedLM and BertForSequenceClassification"));
+  }
+  m.vocab_size = c.integer("vocab_size", 30522);
+  m.d_model = c.integer("hidden_size", 768);
+  m.n_layers = c.integer("num_hidden_layers", 12);
+  m.n_heads = c.integer("num_attention_heads", 12);
+  m.d_ff = c.integer("intermediate_size", 3072);
+  m.activation = hf_activation(c, "hidden_act", "gelu");
+  m.norm = NormKind::LayerNorm;
+  m.norm_eps = c.number("layer_norm_eps", 1e-12);
+  m.norm_first = false;
+  m.final_norm = false;
+  m.positional = Positional::Learned;
+  m.max_len = c.integer("max_position_embeddings", 512);
+  m.type_vocab_size = c.integer("type_vocab_size", 2);
+  m.embed_norm = true;
+  m.bias = true;
+  m.fused_qkv = false;
+  m.init_std = c.number("initializer_range", 0.02);
+  m.tie_embeddings = m.arch == Arch::EncoderMLM && c.boolean("tie_word_embeddings", true);
+  c.refuse_unless("position_embedding_type", "absolute", "relative position embeddings");
+  c.refuse_unless("is_decoder", false, "BERT as a causal decoder");
+  c.refuse_unless("add_cross_attention", false, "BERT with cross-attention");
+  m.pad_id = c.token("pad_token_id", 0 < m.vocab_size ? 0 : -1, m.vocab_size);
+  if (m.arch == Arch::EncoderClassifier) {
+    m.pooling = Pooling::First;
+    m.pooler = true;
+    int64_t labels = c.integer("num_labels", 0);
+    if (labels == 0 && j.contains("id2label") && j.at("id2label").is_object())
+      labels = static_cast<int64_t>(j.at("id2label").size());
+    if (labels == 0) labels = 2;  // Hugging Face's default
+    check(labels >= 2, c.source, ": ", labels, " label: a single-output BertForSequenceClassification is a regression, "
+          "which qkv does not implement");
+    c.refuse_unless("problem_type", "single_label_classification", "regression or multi-label classification");
+    m.num_classes = labels;
+  }
+  return m;
+}
+
+ModelConfig marian_config(const Keys& c) {
+  ModelConfig m;
+  m.arch = Arch::EncoderDecoder;
+  m.vocab_size = c.integer("vocab_size", 58101);
+  const int64_t dec_vocab = c.integer("decoder_vocab_size", m.vocab_size);
+  check(dec_vocab == m.vocab_size, c.source, ": \"decoder_vocab_size\" is ", dec_vocab, " but \"vocab_size\" is ",
+        m.vocab_size, ": qkv reads Marian models with one vocabulary");
+  m.d_model = c.integer("d_model", 1024);
+  m.n_encoder_layers = c.integer("encoder_layers", 12);
+  m.n_decoder_layers = c.integer("decoder_layers", 12);
+  m.n_heads = c.integer("encoder_attention_heads", 16);
+  const int64_t dec_heads = c.integer("decoder_attention_heads", 16);
+  check(dec_heads == m.n_heads, c.source, ": \"encoder_attention_heads\" is ", m.n_heads,
+        " but \"decoder_attention_heads\" is ", dec_heads, ": qkv's encoder and decoder have the same heads");
+  m.d_ff = c.integer("encoder_ffn_dim", 4096);
+  const int64_t dec_ff = c.integer("decoder_ffn_dim", 4096);
+  check(dec_ff == m.d_ff, c.source, ": \"encoder_ffn_dim\" is ", m.d_ff, " but \"decoder_ffn_dim\" is ", dec_ff,
+        ": qkv's encoder and decoder have the same feed-forward size");
+  m.activation = hf_activation(c, "activation_function", "gelu");
+  m.norm = NormKind::LayerNorm;
+  m.norm_eps = 1e-5;  // nn.LayerNorm's default, which Marian uses
+  m.norm_first = false;
+  m.final_norm = false;
+  m.positional = Positional::SinusoidalSplitHalf;
+  m.max_len = c.integer("max_position_embeddings", 1024);
+  m.scale_embeddings = c.boolean("scale_embedding", false);
+  m.share_embeddings = c.boolean("share_encoder_decoder_embeddings", true);
+  m.tie_embeddings = c.boolean("tie_word_embeddings", true);
+  m.logits_bias = true;
+  m.bias = true;
+  m.fused_qkv = false;
+  m.init_std = c.number("init_std", 0.02);
+  c.refuse_unless("normalize_before", false, "pre-norm layers");
+  c.refuse_unless("normalize_embedding", false, "a norm over the embeddings");
+  c.refuse_unless("add_final_layer_norm", false, "a final norm");
+  m.pad_id = c.token("pad_token_id", 58100 < m.vocab_size ? 58100 : -1, m.vocab_size);
+  m.eos_id = c.token("eos_token_id", 0, m.vocab_size);
+  // the decoder starts from decoder_start_token_id (the pad token in OPUS-MT), attended to
+  m.bos_id = c.token("decoder_start_token_id", m.pad_id, m.vocab_size);
+  check(m.bos_id >= 0, c.source, ": \"decoder_start_token_id\" is needed (the decoder's first input)");
+  return m;
+}
+
 // ---- weights -----------------------------------------------------------------------------------
 
 // One tensor of the checkpoint as a parameter needs it: its name, the shape it must have in the
@@ -174,6 +272,7 @@ struct Part {
   std::string name;
   std::vector<int64_t> shape;
   bool transpose = false;
+  bool flat = false;  // read as the parameter's elements whatever the file's shape (Marian's (1, V) bias)
 };
 
 // A parameter made of parts stacked along its first dimension (one part: the tensor itself).
@@ -321,6 +420,124 @@ std::vector<Rule> llama_rules(const ModelConfig& c, const Checkpoint& ck, std::s
   return r;
 }
 
+// Attention with separate q/k/v projections and biases (BERT's query/key/value, Marian's q/k/v_proj):
+// qkv's q/k/v_proj_weight and the stacked in_proj_bias.
+void separate_attention(std::vector<Rule>& r, const ModelConfig& c, const std::string& qkv_prefix,
+                        const std::string& q, const std::string& k, const std::string& v, const std::string& out) {
+  const int64_t D = c.d_model, H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k(), Dv = c.head_dim_v();
+  r.push_back({qkv_prefix + "q_proj_weight", {{q + ".weight", {H * Dk, D}}}});
+  r.push_back({qkv_prefix + "k_proj_weight", {{k + ".weight", {G * Dk, D}}}});
+  r.push_back({qkv_prefix + "v_proj_weight", {{v + ".weight", {G * Dv, D}}}});
+  r.push_back({qkv_prefix + "in_proj_bias", {{q + ".bias", {H * Dk}}, {k + ".bias", {G * Dk}}, {v + ".bias", {G * Dv}}}});
+  r.push_back({qkv_prefix + "out_proj.weight", {{out + ".weight", {D, H * Dv}}}});
+  r.push_back({qkv_prefix + "out_proj.bias", {{out + ".bias", {D}}}});
+}
+
+void linear_rule(std::vector<Rule>& r, const std::string& param, const std::string& name, int64_t out, int64_t in) {
+  r.push_back({param + ".weight", {{name + ".weight", {out, in}}}});
+  r.push_back({param + ".bias", {{name + ".bias", {out}}}});
+}
+
+void norm_rule(std::vector<Rule>& r, const std::string& param, const std::string& name, int64_t D) {
+  r.push_back({param + ".weight", {{name + ".weight", {D}}}});
+  r.push_back({param + ".bias", {{name + ".bias", {D}}}});
+}
+
+std::vector<Rule> bert_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
+  const std::string p = prefix_of(ck, "bert.", "embeddings.word_embeddings.weight");
+  const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
+  std::vector<Rule> r;
+  r.push_back({"embed.weight", {{p + "embeddings.word_embeddings.weight", {V, D}}}});
+  r.push_back({"pos_embed.weight", {{p + "embeddings.position_embeddings.weight", {c.max_len, D}}}});
+  if (c.type_vocab_size > 0)
+    r.push_back({"type_embed.weight", {{p + "embeddings.token_type_embeddings.weight", {c.type_vocab_size, D}}}});
+  norm_rule(r, "embed_norm", p + "embeddings.LayerNorm", D);
+  ignore.insert(p + "embeddings.position_ids");
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string h = p + "encoder.layer." + std::to_string(i) + ".", l = "encoder.layers." + std::to_string(i) + ".";
+    separate_attention(r, c, l + "self_attn.", h + "attention.self.query", h + "attention.self.key",
+                       h + "attention.self.value", h + "attention.output.dense");
+    norm_rule(r, l + "norm1", h + "attention.output.LayerNorm", D);
+    linear_rule(r, l + "linear1", h + "intermediate.dense", F, D);
+    linear_rule(r, l + "linear2", h + "output.dense", D, F);
+    norm_rule(r, l + "norm2", h + "output.LayerNorm", D);
+  }
+  if (c.arch == Arch::EncoderClassifier) {
+    linear_rule(r, "pooler", p + "pooler.dense", D, D);
+    linear_rule(r, "classifier", "classifier", c.num_classes, D);
+  }
+  if (c.arch == Arch::EncoderMLM) {
+    linear_rule(r, "mlm.transform", "cls.predictions.transform.dense", D, D);
+    norm_rule(r, "mlm.norm", "cls.predictions.transform.LayerNorm", D);
+    r.push_back({"mlm.bias", {{"cls.predictions.bias", {V}}}});
+    ignore.insert("cls.predictions.decoder.bias");  // the same values as cls.predictions.bias
+    if (c.tie_embeddings) {
+      ignore.insert("cls.predictions.decoder.weight");
+    } else {
+      r.push_back({"mlm.decoder.weight", {{"cls.predictions.decoder.weight", {V, D}}}});
+    }
+  }
+  return r;
+}
+
+std::vector<Rule> marian_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
+  const std::string p = ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight") ? "model." : "";
+  const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
+  std::vector<Rule> r;
+  if (c.share_embeddings) {
+    r.push_back({"shared_embed.weight", {{p + "shared.weight", {V, D}}}});
+    ignore.insert(p + "encoder.embed_tokens.weight");  // the shared matrix again
+    ignore.insert(p + "decoder.embed_tokens.weight");
+  } else {
+    r.push_back({"src_embed.weight", {{p + "encoder.embed_tokens.weight", {V, D}}}});
+    r.push_back({"tgt_embed.weight", {{p + "decoder.embed_tokens.weight", {V, D}}}});
+    ignore.insert(p + "shared.weight");
+  }
+  ignore.insert(p + "encoder.embed_positions.weight");  // sinusoidal: computed, not read
+  ignore.insert(p + "decoder.embed_positions.weight");
+  for (int64_t i = 0; i < c.n_encoder_layers; ++i) {
+    const std::string h = p + "encoder.layers." + std::to_string(i) + ".", l = "encoder.layers." + std::to_string(i) + ".";
+    separate_attention(r, c, l + "self_attn.", h + "self_attn.q_proj", h + "self_attn.k_proj", h + "self_attn.v_proj",
+                       h + "self_attn.out_proj");
+    norm_rule(r, l + "norm1", h + "self_attn_layer_norm", D);
+    linear_rule(r, l + "linear1", h + "fc1", F, D);
+    linear_rule(r, l + "linear2", h + "fc2", D, F);
+    norm_rule(r, l + "norm2", h + "final_layer_norm", D);
+  }
+  for (int64_t i = 0; i < c.n_decoder_layers; ++i) {
+    const std::string h = p + "decoder.layers." + std::to_string(i) + ".", l = "decoder.layers." + std::to_string(i) + ".";
+    separate_attention(r, c, l + "self_attn.", h + "self_attn.q_proj", h + "self_attn.k_proj", h + "self_attn.v_proj",
+                       h + "self_attn.out_proj");
+    norm_rule(r, l + "norm1", h + "self_attn_layer_norm", D);
+    separate_attention(r, c, l + "multihead_attn.", h + "encoder_attn.q_proj", h + "encoder_attn.k_proj",
+                       h + "encoder_attn.v_proj", h + "encoder_attn.out_proj");
+    norm_rule(r, l + "norm2", h + "encoder_attn_layer_norm", D);
+    linear_rule(r, l + "linear1", h + "fc1", F, D);
+    linear_rule(r, l + "linear2", h + "fc2", D, F);
+    norm_rule(r, l + "norm3", h + "final_layer_norm", D);
+  }
+  if (c.tie_embeddings) {
+    ignore.insert("lm_head.weight");
+  } else {
+    r.push_back({"lm_head.weight", {{"lm_head.weight", {V, D}}}});
+  }
+  r.push_back({"lm_head.bias", {{"final_logits_bias", {1, V}, false, true}}});
+  return r;
+}
+
+// BERT checkpoints from before PyTorch's naming keep LayerNorm.gamma / LayerNorm.beta.
+std::string resolve(const Checkpoint& ck, const std::string& name) {
+  if (ck.find(name)) return name;
+  const std::string ln = "LayerNorm.";
+  const size_t at = name.rfind(ln);
+  if (at != std::string::npos) {
+    const std::string tail = name.substr(at + ln.size());
+    const std::string old = name.substr(0, at + ln.size()) + (tail == "weight" ? "gamma" : tail == "bias" ? "beta" : tail);
+    if (ck.find(old)) return old;
+  }
+  return name;
+}
+
 std::string shape_of(const std::vector<int64_t>& s) { return shape_str(s); }
 
 }  // namespace
@@ -347,9 +564,13 @@ ModelConfig hf_config(const std::string& text, const std::string& source, std::s
     m = gpt2_config(c);
   } else if (type == "llama") {
     m = llama_config(c);
+  } else if (type == "bert") {
+    m = bert_config(c, j);
+  } else if (type == "marian") {
+    m = marian_config(c);
   } else {
     throw Error(detail::concat(source, ": \"model_type\" is \"", type,
-                               "\": qkv reads the Hugging Face model types gpt2 and llama"));
+                               "\": qkv reads the Hugging Face model types gpt2, llama, bert and marian"));
   }
   try {
     m.validate();
@@ -369,7 +590,12 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
   const ModelConfig cfg = hf_config(text, cfg_path, &type);
   const Checkpoint ck(dir);
   std::set<std::string> ignore;
-  const std::vector<Rule> rules = type == "gpt2" ? gpt2_rules(cfg, ck, ignore) : llama_rules(cfg, ck, ignore);
+  std::vector<Rule> rules = type == "gpt2"    ? gpt2_rules(cfg, ck, ignore)
+                           : type == "llama" ? llama_rules(cfg, ck, ignore)
+                           : type == "bert"  ? bert_rules(cfg, ck, ignore)
+                                             : marian_rules(cfg, ck, ignore);
+  for (Rule& r : rules)
+    for (Part& p : r.parts) p.name = resolve(ck, p.name);
 
   // Every tensor present with its shape before anything is allocated or read.
   for (const Rule& r : rules)
@@ -398,9 +624,9 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
     int64_t row = 0;
     for (const Part& p : r.parts) {
       used.insert(p.name);
-      const int64_t rows = p.transpose ? p.shape[1] : p.shape[0];
+      const int64_t rows = p.flat ? dst.size(0) : p.transpose ? p.shape[1] : p.shape[0];
       const int64_t n = rows * cols;
-      check(row + rows <= dst.size(0) && (p.transpose || (p.shape.size() == 1 ? 1 : p.shape[1]) == cols),
+      check(row + rows <= dst.size(0) && (p.flat || p.transpose || (p.shape.size() == 1 ? 1 : p.shape[1]) == cols),
             "internal: ", type, " rule for ", r.param, " does not fit ", shape_of(dst.shape()));
       if (!p.transpose) {
         ck.read(p.name, out + row * cols);  // straight into the parameter

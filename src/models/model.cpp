@@ -64,18 +64,29 @@ void build(const ModelConfig& c, Model::Impl& m, nn::Registry& r, int64_t enc, i
     case Arch::Decoder:
       m.embed.create_table(r, "embed.weight", c.vocab_size, c);
       m.embed.positions.create(r, "pos_embed", c);
+      m.embed.create_extras(r, "", c);
       m.stack.create(r, "", enc, c, m.embed.positions.attention());
       m.lm_head.create(r, "lm_head", c.vocab_size, c, m.embed.table);
       break;
     case Arch::EncoderClassifier:
+    case Arch::EncoderMLM:
+    case Arch::Encoder:
       m.embed.create_table(r, "embed.weight", c.vocab_size, c);
       m.embed.positions.create(r, "pos_embed", c);
+      m.embed.create_extras(r, "", c);
       m.stack.create(r, "encoder.", enc, c, m.embed.positions.attention());
-      m.classifier.create(r, "classifier", c);
+      if (c.arch == Arch::EncoderClassifier) m.classifier.create(r, "pooler", "classifier", c);
+      if (c.arch == Arch::EncoderMLM) m.mlm.create(r, "mlm.", c.vocab_size, c, m.embed.table);
       break;
     case Arch::EncoderDecoder:
-      m.src_embed.create_table(r, "src_embed.weight", c.source_vocab(), c);
-      m.embed.create_table(r, "tgt_embed.weight", c.vocab_size, c);
+      if (c.share_embeddings) {
+        m.embed.create_table(r, "shared_embed.weight", c.vocab_size, c);
+        m.src_embed.table = m.embed.table;  // one parameter, both sides
+        m.src_embed.scale = m.embed.scale;
+      } else {
+        m.src_embed.create_table(r, "src_embed.weight", c.source_vocab(), c);
+        m.embed.create_table(r, "tgt_embed.weight", c.vocab_size, c);
+      }
       m.src_embed.positions.create(r, "src_pos_embed", c);
       m.embed.positions.create(r, "tgt_pos_embed", c);
       m.stack.create(r, "encoder.", enc, c, m.src_embed.positions.attention());
@@ -283,8 +294,12 @@ Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) con
   nn::Context c = context(tape, config_, opt);
   const bool causal = config_.arch == Arch::Decoder;
   Var x = m.stack(c, m.embed(c, batch.input), Impl::self_spec(causal, lengths));
-  if (config_.arch == Arch::Decoder) return m.lm_head(c, x);
-  return m.classifier(c, x, lengths);  // EncoderClassifier: pool, then the head
+  switch (config_.arch) {
+    case Arch::Decoder: return m.lm_head(c, x);
+    case Arch::EncoderClassifier: return m.classifier(c, x, lengths);  // pool, then the head
+    case Arch::EncoderMLM: return m.mlm(c, x);
+    default: return x;  // Encoder: the hidden states
+  }
 }
 
 void Model::check_batch(const Batch& b, const BatchNames& names) const {
@@ -327,6 +342,7 @@ void Model::check_batch(const Batch& b, const BatchNames& names) const {
           arch_name(c.arch));
   }
   if (!b.target.defined()) return;
+  check(c.arch != Arch::Encoder, names.target, ": a bare encoder has no output layer, so nothing to score against");
   const Tensor& t = b.target;
   const bool cls = c.arch == Arch::EncoderClassifier;
   const std::vector<int64_t> want = cls ? std::vector<int64_t>{B} : (encdec ? b.decoder_input : b.input).shape();
@@ -334,7 +350,8 @@ void Model::check_batch(const Batch& b, const BatchNames& names) const {
         cls ? "labels" : "token ids", ", got ", t.describe());
   check(t.shape() == want, names.target, ": expected ", cls ? "one label per row, " : "one next token per position, ",
         shape_str(want), ", got ", shape_str(t.shape()));
-  const int64_t classes = cls ? c.num_classes : c.vocab_size, ignore = cls ? -100 : (c.pad_id >= 0 ? c.pad_id : -100);
+  const int64_t classes = cls ? c.num_classes : c.vocab_size,
+                ignore = cls || c.arch == Arch::EncoderMLM ? -100 : (c.pad_id >= 0 ? c.pad_id : -100);
   const Tensor v = ops::as_ids(t, names.target.c_str());
   for (int64_t i = 0; i < v.numel(); ++i) {
     const int64_t x = v.data<int64_t>()[i];
@@ -345,7 +362,10 @@ void Model::check_batch(const Batch& b, const BatchNames& names) const {
 
 Var Model::loss(Tape& tape, const Var& logits, const Batch& batch, float label_smoothing, int64_t* n_counted) const {
   check(batch.target.defined(), "batch: target is missing (needed for the loss)");
-  const int64_t ignore = config_.arch == Arch::EncoderClassifier ? -100 : (config_.pad_id >= 0 ? config_.pad_id : -100);
+  check(config_.arch != Arch::Encoder, "loss: a bare encoder has no output layer to score");
+  const int64_t ignore = config_.arch == Arch::EncoderClassifier || config_.arch == Arch::EncoderMLM
+                             ? -100
+                             : (config_.pad_id >= 0 ? config_.pad_id : -100);
   const std::vector<int64_t>& ls = logits->value.shape();
   std::vector<int64_t> want(ls.begin(), ls.end() - 1);
   check(batch.target.shape() == want, "batch: target ", shape_str(batch.target.shape()), " does not match the logits ",

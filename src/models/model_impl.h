@@ -4,6 +4,8 @@
 // An architecture is a composition of parts (src/nn/layers.h):
 //   Decoder            embed -> stack (causal) -> lm_head
 //   EncoderClassifier  embed -> stack -> classifier (pooled)
+//   EncoderMLM         embed -> stack -> mlm (masked-LM head)
+//   Encoder            embed -> stack (its hidden states are the output)
 //   EncoderDecoder     src_embed -> stack = the encoder;  embed -> decoder (cross-attending) -> lm_head
 #pragma once
 #include <vector>
@@ -21,6 +23,7 @@ struct Model::Impl {
   nn::DecoderStack decoder;     // encoder-decoder: "decoder.*"
   nn::LMHead lm_head;           // decoder-only, encoder-decoder
   nn::ClassifierHead classifier;  // encoder-classifier
+  nn::MaskedLMHead mlm;           // encoder-mlm
 
   // The attention masks of the stacks: self-attention (causal in a decoder; key lengths, when
   // given, block padding) and the decoder's cross-attention over the source.

@@ -108,11 +108,24 @@ void Embedder::create_table(Registry& r, const std::string& name, int64_t vocab,
   scale = cfg.scale_embeddings ? static_cast<float>(std::sqrt(static_cast<double>(cfg.d_model))) : 1.0f;
 }
 
+void Embedder::create_extras(Registry& r, const std::string& prefix, const ModelConfig& cfg) {
+  if (cfg.type_vocab_size > 0) types = r.add(prefix + "type_embed.weight", {cfg.type_vocab_size, cfg.d_model}, false, Init::Normal);
+  has_norm = cfg.embed_norm;
+  if (has_norm) norm.create(r, prefix + "embed_norm", cfg.d_model, NormKind::LayerNorm, cfg.norm_eps);
+}
+
 Var Embedder::operator()(Context& c, const Tensor& ids) const {
-  // x <- E[ids] (* sqrt(d_model)) + P[positions] ; dropout
+  // x <- E[ids] (* sqrt(d_model)) + P[positions] (+ T[0]) ; norm ; dropout
   Var x = ops::embedding(c.tape, ids, table);
   if (scale != 1.0f) x = ops::scale(c.tape, x, scale);
-  return c.drop(positions.embed(c, x));
+  x = positions.embed(c, x);
+  if (types) {
+    // every token of type 0 (single-segment input)
+    const Tensor zeros = Tensor::zeros(ids.shape(), DType::I64);
+    x = ops::add(c.tape, x, ops::embedding(c.tape, zeros, types));
+  }
+  if (has_norm) x = norm(c, x);
+  return c.drop(x);
 }
 
 // ---- attention ---------------------------------------------------------------------------------
@@ -400,16 +413,36 @@ Var DecoderStack::operator()(Context& c, Var x, const Var& memory, const Attenti
 
 void LMHead::create(Registry& r, const std::string& name, int64_t vocab, const ModelConfig& cfg, const Var& tied) {
   w = cfg.tie_embeddings ? tied : r.add(name + ".weight", {vocab, cfg.d_model}, true, Init::Normal);
+  if (cfg.logits_bias) b = r.add(name + ".bias", {vocab}, false, Init::Zero);
 }
 
-void ClassifierHead::create(Registry& r, const std::string& name, const ModelConfig& cfg) {
+void ClassifierHead::create(Registry& r, const std::string& pooler_name, const std::string& name,
+                            const ModelConfig& cfg) {
   pooling = cfg.pooling;
+  has_pooler = cfg.pooler;
+  if (has_pooler) pooler.create(r, pooler_name, cfg.d_model, cfg.d_model, true, Init::Normal);
   out.create(r, name, cfg.num_classes, cfg.d_model, true, Init::Normal);
 }
 
 Var ClassifierHead::operator()(Context& c, const Var& x, const Tensor& lengths) const {
   Var pooled = pooling == Pooling::Mean ? ops::mean_pool(c.tape, x, lengths) : ops::first_token(c.tape, x);
-  return out(c, pooled);
+  if (!has_pooler) return out(c, pooled);
+  // BERT: tanh(dense(first)), dropout, classifier
+  pooled = ops::activation(c.tape, pooler(c, pooled), Activation::Tanh);
+  return out(c, c.drop(pooled));
+}
+
+void MaskedLMHead::create(Registry& r, const std::string& prefix, int64_t vocab, const ModelConfig& cfg,
+                          const Var& tied) {
+  act = cfg.activation;
+  transform.create(r, prefix + "transform", cfg.d_model, cfg.d_model, true, Init::Normal);
+  norm.create(r, prefix + "norm", cfg.d_model, NormKind::LayerNorm, cfg.norm_eps);
+  decoder.w = cfg.tie_embeddings ? tied : r.add(prefix + "decoder.weight", {vocab, cfg.d_model}, true, Init::Normal);
+  decoder.b = r.add(prefix + "bias", {vocab}, false, Init::Zero);
+}
+
+Var MaskedLMHead::operator()(Context& c, const Var& x) const {
+  return decoder(c, norm(c, ops::activation(c.tape, transform(c, x), act)));
 }
 
 }  // namespace qkv::nn

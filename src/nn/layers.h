@@ -109,13 +109,19 @@ struct Positions {
   AttentionPositions attention() const;
 };
 
-// Token ids to vectors: E[ids] (times sqrt(d_model) when scaled), plus positions, then dropout.
+// Token ids to vectors: E[ids] (times sqrt(d_model) when scaled), plus positions, plus the
+// token-type embedding (type 0 for every token), then a norm (BERT), then dropout.
 struct Embedder {
   Var table;   // (V, D)
   float scale = 1.0f;
   Positions positions;
+  Var types;   // (type_vocab_size, D) or none
+  Norm norm;
+  bool has_norm = false;
   // The table alone (the positions are created separately, so that parameters keep their order).
   void create_table(Registry& r, const std::string& name, int64_t vocab, const ModelConfig& cfg);
+  // The token-type table and the norm, as the config asks ("type_embed", "embed_norm").
+  void create_extras(Registry& r, const std::string& prefix, const ModelConfig& cfg);
   Var operator()(Context& c, const Tensor& ids) const;   // ids (B, T) -> (B, T, D)
 };
 
@@ -187,19 +193,33 @@ struct DecoderStack {
                  std::vector<LayerCache>* caches = nullptr) const;
 };
 
-// Hidden states to vocabulary logits: x W^T (+ b). W is its own parameter or the embedding (tied).
+// Hidden states to vocabulary logits: x W^T (+ b). W is its own parameter or the embedding (tied);
+// b (logits_bias) is Marian's final_logits_bias.
 struct LMHead {
   Var w, b;
   void create(Registry& r, const std::string& name, int64_t vocab, const ModelConfig& cfg, const Var& tied);
   Var operator()(Context& c, const Var& x) const { return ops::linear(c.tape, x, w, b); }
 };
 
-// Pooled classification: mean over each row's real tokens or its first token, then a linear layer.
+// Pooled classification: mean over each row's real tokens or its first token, then (pooler)
+// tanh(dense(.)) as BERT's pooler, then a linear layer.
 struct ClassifierHead {
   Pooling pooling = Pooling::Mean;
-  Linear out;  // (num_classes, D)
-  void create(Registry& r, const std::string& name, const ModelConfig& cfg);
+  bool has_pooler = false;
+  Linear pooler;  // (D, D)
+  Linear out;     // (num_classes, D)
+  void create(Registry& r, const std::string& pooler_name, const std::string& name, const ModelConfig& cfg);
   Var operator()(Context& c, const Var& x, const Tensor& lengths) const;
+};
+
+// BERT's masked-LM head: norm(f(x W_t^T + b_t)) W^T + b, W the embedding when tied.
+struct MaskedLMHead {
+  Activation act = Activation::GeluErf;
+  Linear transform;  // (D, D)
+  Norm norm;
+  LMHead decoder;    // (V, D) tied or not, with its bias
+  void create(Registry& r, const std::string& prefix, int64_t vocab, const ModelConfig& cfg, const Var& tied);
+  Var operator()(Context& c, const Var& x) const;
 };
 
 }  // namespace qkv::nn
