@@ -41,7 +41,7 @@ run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/tr"
         --max-tokens 512 --eval-every 2 --seed 3)
 expect_contains("${err}" "2 malformed lines skipped (first: line 121" "train reports malformed lines")
 expect_contains("${out}" "trained 4 steps" "train summary")
-foreach(f config.json model.safetensors tokenizer.json task.json train.json checkpoint.safetensors metrics.jsonl
+foreach(f config.json model.safetensors qkv_tokenizer.json task.json train.json checkpoint.safetensors metrics.jsonl
           loss.svg test.tsv)
   expect_file("${w}/tr/${f}" "train --task translate")
 endforeach()
@@ -121,7 +121,7 @@ run_qkv(2 out err generate --model "${w}/nowhere" --prompt "x")
 expect_contains("${err}" "nowhere" "generate with a missing model")
 # a model directory whose config.json does not match its weights
 file(MAKE_DIRECTORY "${w}/mixed")
-foreach(f model.safetensors tokenizer.json task.json)
+foreach(f model.safetensors qkv_tokenizer.json task.json)
   file(COPY "${w}/lm/${f}" DESTINATION "${w}/mixed")
 endforeach()
 file(READ "${w}/lm/config.json" cfg)

@@ -174,8 +174,8 @@ TEST(ByteTokenizer, Pieces) {
 TEST(ByteTokenizer, SaveAndLoad) {
   TempDir dir("tok_byte");
   qkv::make_byte_tokenizer()->save(dir.path().string());
-  EXPECT_EQ(dir.entries(), std::vector<std::string>{"tokenizer.json"});
-  EXPECT_EQ(Json::parse(read_bytes(dir / "tokenizer.json")), Json({{"type", "byte"}}));
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"qkv_tokenizer.json"});
+  EXPECT_EQ(Json::parse(read_bytes(dir / "qkv_tokenizer.json")), Json({{"type", "byte"}}));
   const auto tok = qkv::load_tokenizer(dir.path().string());
   EXPECT_EQ(tok->type(), "byte");
   EXPECT_EQ(tok->decode(tok->encode(kTexts[7])), kTexts[7]);
@@ -357,10 +357,10 @@ TEST(Gpt2Tokenizer, SaveAndLoad) {
   write_bytes(src / "merges.txt", f.vocab_bpe());
   const auto tok = qkv::load_gpt2_tokenizer(src / "enc.json", src / "merges.txt");
   tok->save(dir.path().string());
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"encoder.json", "tokenizer.json", "vocab.bpe"}));
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"encoder.json", "qkv_tokenizer.json", "vocab.bpe"}));
   EXPECT_EQ(read_bytes(dir / "encoder.json"), f.encoder_json());
   EXPECT_EQ(read_bytes(dir / "vocab.bpe"), f.vocab_bpe());
-  EXPECT_EQ(Json::parse(read_bytes(dir / "tokenizer.json")),
+  EXPECT_EQ(Json::parse(read_bytes(dir / "qkv_tokenizer.json")),
             Json({{"type", "gpt2"}, {"encoder", "encoder.json"}, {"vocab", "vocab.bpe"}}));
   const auto back = qkv::load_tokenizer(dir.path().string());
   EXPECT_EQ(back->type(), "gpt2");
@@ -489,8 +489,8 @@ TEST_P(SentencePieceTraining, TrainsAndRoundTripsLosslessly) {
   // Save and load: the same model, the same ids.
   TempDir dir("tok_spm");
   tok->save(dir.path().string());
-  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"tokenizer.json", "tokenizer.model"}));
-  EXPECT_EQ(Json::parse(read_bytes(dir / "tokenizer.json")),
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"qkv_tokenizer.json", "tokenizer.model"}));
+  EXPECT_EQ(Json::parse(read_bytes(dir / "qkv_tokenizer.json")),
             Json({{"type", "sentencepiece"}, {"model", "tokenizer.model"}}));
   const auto back = qkv::load_tokenizer(dir.path().string());
   EXPECT_EQ(back->vocab_size(), 400);
@@ -563,22 +563,41 @@ TEST(SentencePiece, RejectsBadOptionsSentencesAndModels) {
 // ---------------------------------------------------------------------------------------------
 // load_tokenizer errors
 
+// Directories written before qkv_tokenizer.json hold qkv's form as tokenizer.json: still read. A
+// Hugging Face tokenizer.json (the tokenizers library's format) is named as such, not misread.
+TEST(LoadTokenizer, OlderDirectoriesAndHuggingFacesFile) {
+  TempDir dir("tok_legacy");
+  write_bytes(dir / "tokenizer.json", "{\"type\": \"byte\"}\n");
+  const auto tok = qkv::load_tokenizer(dir.path().string());
+  EXPECT_EQ(tok->decode(tok->encode("legacy")), "legacy");
+  // saving writes the new name; the new file wins over the old one
+  tok->save(dir.path().string());
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"qkv_tokenizer.json", "tokenizer.json"}));
+  write_bytes(dir / "tokenizer.json", "{\"type\": \"nonsense\"}\n");
+  EXPECT_EQ(qkv::load_tokenizer(dir.path().string())->vocab_size(), tok->vocab_size());
+
+  TempDir hf("tok_hf");
+  write_bytes(hf / "tokenizer.json", "{\"version\": \"1.0\", \"model\": {\"type\": \"BPE\"}}\n");
+  expect_mentions(error_of([&] { qkv::load_tokenizer(hf.path().string()); }),
+                  {hf / "tokenizer.json", "Hugging Face tokenizer.json"});
+}
+
 TEST(LoadTokenizer, ClearErrors) {
   TempDir dir("tok_load");
   const std::string d = dir.path().string();
   const auto load_err = [&] { return error_of([&] { qkv::load_tokenizer(d); }); };
   const auto with_json = [&](const std::string& text) {
-    write_bytes(dir / "tokenizer.json", text);
+    write_bytes(dir / "qkv_tokenizer.json", text);
     return load_err();
   };
 
   expect_mentions(error_of([&] { qkv::load_tokenizer(dir / "missing"); }), {dir / "missing", "does not exist"});
   write_bytes(dir / "plain_file", "x");
   expect_mentions(error_of([&] { qkv::load_tokenizer(dir / "plain_file"); }), {"plain_file", "not a directory"});
-  expect_mentions(load_err(), {dir / "tokenizer.json", "no such file"});
-  expect_mentions(with_json("{\"type\": "), {dir / "tokenizer.json", "not valid JSON"});
-  expect_mentions(with_json("[\"byte\"]"), {"tokenizer.json", "expected a JSON object", "array"});
-  expect_mentions(with_json("{}"), {"tokenizer.json", "missing \"type\""});
+  expect_mentions(load_err(), {dir / "qkv_tokenizer.json", "no such file"});
+  expect_mentions(with_json("{\"type\": "), {dir / "qkv_tokenizer.json", "not valid JSON"});
+  expect_mentions(with_json("[\"byte\"]"), {"qkv_tokenizer.json", "expected a JSON object", "array"});
+  expect_mentions(with_json("{}"), {"qkv_tokenizer.json", "missing \"type\""});
   expect_mentions(with_json("{\"type\": 3}"), {"\"type\" is number"});
   expect_mentions(with_json("{\"type\": \"wordpiece\"}"),
                   {"unknown tokenizer type \"wordpiece\"", "\"byte\", \"gpt2\" or \"sentencepiece\""});

@@ -4,7 +4,7 @@
 //   trained on the training split) -> token ids -> a model from a preset -> run_training
 //
 // The output directory holds everything needed to use and to resume the model: config.json,
-// model.safetensors (the best validation loss), tokenizer.json (+ its files), task.json,
+// model.safetensors (the best validation loss), qkv_tokenizer.json (+ its files), task.json,
 // train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
 // and the held-out test split (test.tsv or test.txt) for `qkv eval`.
 #include <sys/stat.h>
@@ -324,7 +324,7 @@ int run(Options o) {
   ModelConfig cfg = o.resume ? checkpoint_model_config(ckpt)
                              : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
   check_positions(cfg, o.max_len, o.config.empty() ? "--preset " + o.preset : "--config " + o.config);
-  check(!o.resume || tok->vocab_size() == cfg.vocab_size, o.out, "/tokenizer.json: the tokenizer's vocabulary (",
+  check(!o.resume || tok->vocab_size() == cfg.vocab_size, o.out, "/qkv_tokenizer.json: the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
   check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
         labels.size(), " labels, but the model has ", cfg.num_classes, " classes");
@@ -429,7 +429,7 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"tiny", "small", "base"}));
   c->add_option("--config", o->config, "A config.json for the model instead of a preset")->check(CLI::ExistingFile);
   c->add_option("--tokenizer", o->tokenizer,
-                "A directory with tokenizer.json (e.g. a model), a SentencePiece .model file, 'byte', or gpt2:DIR "
+                "A directory with qkv_tokenizer.json (e.g. a model), a SentencePiece .model file, 'byte', or gpt2:DIR "
                 "(GPT-2's encoder.json + vocab.bpe in DIR) (default: train SentencePiece)");
   c->add_option("--vocab", o->vocab, "SentencePiece vocabulary size (default: the preset's)")->transform(whole(300, 1000000));
   c->add_option("--spm-type", o->spm_type, "SentencePiece model: unigram or bpe")->check(CLI::IsMember({"unigram", "bpe"}));

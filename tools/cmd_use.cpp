@@ -493,7 +493,7 @@ Runner add_tokenize(CLI::App& app) {
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand("tokenize", "Show how a model's tokenizer splits text: id and piece per token");
-  c->add_option("--model", o->model, "A model (or tokenizer) directory with tokenizer.json")->required();
+  c->add_option("--model", o->model, "A model (or tokenizer) directory with qkv_tokenizer.json")->required();
   c->add_option("--text", o->text, "The text (default: standard input, line by line)");
   c->add_flag("--ids", o->ids_only, "Print only the ids, space-separated");
   return [o] {

@@ -48,12 +48,18 @@ class Tokenizer {
   virtual int32_t pad_id() const = 0;
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
-  // Writes tokenizer.json and the kind's own files into the existing directory `dir`, each
-  // atomically; tokenizer.json last, so it never names a file that is not yet complete.
+  // Writes qkv_tokenizer.json and the kind's own files into the existing directory `dir`, each
+  // atomically; qkv_tokenizer.json last, so it never names a file that is not yet complete.
   virtual void save(const std::string& dir) const = 0;
 };
 
-// Reads dir/tokenizer.json and the files it names.
+// qkv's tokenizer file in a model directory: "qkv_tokenizer.json", named so that it cannot be
+// mistaken for Hugging Face's different tokenizer.json. Directories written before the rename
+// hold qkv's form under "tokenizer.json", and are still read.
+inline constexpr char kTokenizerFile[] = "qkv_tokenizer.json";
+
+// Reads dir/qkv_tokenizer.json (or, in older directories, qkv's dir/tokenizer.json) and the files
+// it names.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();

@@ -321,7 +321,7 @@ class Gpt2Tokenizer final : public Tokenizer {
     write_file_atomic((d / "encoder.json").string(), encoder_json_);
     write_file_atomic((d / "vocab.bpe").string(), vocab_bpe_);
     const Json j = {{"type", "gpt2"}, {"encoder", "encoder.json"}, {"vocab", "vocab.bpe"}};
-    write_file_atomic((d / "tokenizer.json").string(), j.dump(2) + "\n");
+    write_file_atomic((d / kTokenizerFile).string(), j.dump(2) + "\n");
   }
 
  private:

@@ -78,7 +78,7 @@ class SentencePieceTokenizer final : public Tokenizer {
     const std::filesystem::path d(dir);
     write_file_atomic((d / "tokenizer.model").string(), sp_->serialized_model_proto());
     const Json j = {{"type", "sentencepiece"}, {"model", "tokenizer.model"}};
-    write_file_atomic((d / "tokenizer.json").string(), j.dump(2) + "\n");
+    write_file_atomic((d / kTokenizerFile).string(), j.dump(2) + "\n");
   }
 
  private:

@@ -157,7 +157,7 @@ class ByteTokenizer final : public Tokenizer {
   }
 
   void save(const std::string& dir) const override {
-    write_file_atomic(join(dir, "tokenizer.json"), Json{{"type", "byte"}}.dump(2) + "\n");
+    write_file_atomic(join(dir, kTokenizerFile), Json{{"type", "byte"}}.dump(2) + "\n");
   }
 
  private:
@@ -249,17 +249,25 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file) {
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
-  // The directory, then tokenizer.json in it.
+  // The directory, then qkv_tokenizer.json in it (or an older directory's tokenizer.json).
   std::error_code ec;
   const auto status = std::filesystem::status(dir, ec);
   if (!std::filesystem::exists(status))
-    fail(dir, ": tokenizer directory does not exist (expected a directory holding tokenizer.json)");
+    fail(dir, ": tokenizer directory does not exist (expected a directory holding ", kTokenizerFile, ")");
   if (!std::filesystem::is_directory(status))
-    fail(dir, ": not a directory (expected a tokenizer directory holding tokenizer.json)");
-  const std::string file = join(dir, "tokenizer.json");
-  if (!std::filesystem::exists(file, ec))
-    fail(file, ": no such file (expected tokenizer.json in the tokenizer directory)");
-  const Json j = detail::parse_json_object(read_file(file, "tokenizer.json"), file);  // every key once
+    fail(dir, ": not a directory (expected a tokenizer directory holding ", kTokenizerFile, ")");
+  std::string file = join(dir, kTokenizerFile);
+  const bool legacy = !std::filesystem::exists(file, ec);
+  if (legacy) {
+    file = join(dir, "tokenizer.json");
+    if (!std::filesystem::exists(file, ec))
+      fail(join(dir, kTokenizerFile), ": no such file (expected ", kTokenizerFile, " in the tokenizer directory)");
+  }
+  const Json j = detail::parse_json_object(read_file(file, legacy ? "tokenizer.json" : kTokenizerFile), file);
+  // Hugging Face's tokenizer.json (the tokenizers library's format) has "model", never "type"
+  if (legacy && !j.contains("type") && (j.contains("model") || j.contains("version")))
+    fail(file, ": is a Hugging Face tokenizer.json (the tokenizers library's format), which qkv does not read yet; "
+               "give --tokenizer a qkv tokenizer (byte, gpt2:DIR, a SentencePiece .model)");
 
   // "type" chooses the kind; each kind's other keys name its files.
   const auto t = j.find("type");

@@ -85,7 +85,7 @@ inline std::vector<std::string> tiny_sentences() {
 }
 
 // A SentencePiece model (unigram or bpe) trained in memory and saved into the existing
-// directory `dir` (tokenizer.json + tokenizer.model); returns tokenizer.model's bytes.
+// directory `dir` (qkv_tokenizer.json + tokenizer.model); returns tokenizer.model's bytes.
 inline std::string tiny_sentencepiece(const std::string& type, int64_t vocab, const std::string& dir) {
   SentencePieceTrainOptions o;
   o.vocab_size = vocab;
