@@ -587,6 +587,8 @@ def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_hea
               "worst %.2e in %s (tol %.0e)%s" % (worst, worst_name, GRAD_TOL,
                                                  "; names differ: %s" % missing if missing else ""))
 
+    export_check(ck, name, folder, Wr)
+
     # greedy decoding with the cache against full recomputation
     gen_path = os.path.join(work, "generated.npy")
     prompt = ids[:, :5]
@@ -692,6 +694,7 @@ def bert_case(ck, name, cfg, head, dtype="F32", prefix="bert.", old_names=False,
                          for k, t in parts] for q, parts in names.items()}
             Wr = old_layernorm_names(Wr)
         compare_grads(ck, name, Wr, names, os.path.join(work, "grads"))
+    export_check(ck, name, folder, old_layernorm_names(Wr) if old_names else Wr)
 
 
 def marian_case(ck, name, cfg, dtype="F32", seed=0):
@@ -727,6 +730,7 @@ def marian_case(ck, name, cfg, dtype="F32", seed=0):
     loss.backward()
     compare_loss(ck, name, out, loss)
     compare_grads(ck, name, Wr, marian_names(cfg), os.path.join(work, "grads"))
+    export_check(ck, name, folder, Wr)
     # greedy translation with the cache against full recomputation
     rc, out, err = ck.run(["forward", "--model", folder, "--input", os.path.join(work, "src.npy"), "--decoder-input",
                            os.path.join(work, "dec.npy"), "--generate", 6, "--generated",
@@ -747,6 +751,52 @@ def marian_case(ck, name, cfg, dtype="F32", seed=0):
     got = torch.from_numpy(np.load(os.path.join(work, "generated.npy")))
     ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
               (got.tolist()[0], want.tolist()[0]))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        assert v["dtype"] == "F32", v["dtype"]
+        out[k] = torch.from_numpy(np.frombuffer(data[8 + n + a:8 + n + b], dtype=np.float32).copy()).reshape(v["shape"])
+    return out
+
+
+def export_check(ck, name, folder, Wr, skip=()):
+    """qkv export of the folder qkv loaded: Hugging Face's names again (as its classes save them:
+    GPT-2 under "transformer.", LayerNorm.weight / .bias), the same values (as float32)."""
+    out = os.path.join(ck.root, name, "exported")
+    rc, _, err = ck.run(["export", "--model", folder, "--out", out])
+    if rc != 0:
+        ck.report(False, name + " export", "exit %d: %s" % (rc, err.strip()))
+        return
+    got = read_safetensors(os.path.join(out, "model.safetensors"))
+    cfg = json.load(open(os.path.join(out, "config.json")))
+    canon = {}
+    for k, v in Wr.items():
+        c = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        if cfg["model_type"] == "gpt2" and not c.startswith("transformer.") and not c.startswith("lm_head"):
+            c = "transformer." + c
+        canon[c] = v
+    Wr = canon
+    unknown = sorted(k for k in got if k not in Wr)
+    worst, where = 0.0, ""
+    for k, t in got.items():
+        if k in Wr and k not in skip:
+            e = (t - Wr[k].detach().float()).abs().max().item() if t.numel() else 0.0
+            if e > worst:
+                worst, where = e, k
+    missing = sorted(k for k in Wr if k not in got and k not in skip)
+    ck.report(worst == 0.0 and not unknown and cfg["model_type"] == json.load(open(os.path.join(folder, "config.json")))["model_type"],
+              name + " export", "%d tensors, largest difference %.1e%s%s; not written (tied or buffers): %s" %
+              (len(got), worst, " in " + where if where else "", "; unknown names %s" % unknown[:3] if unknown else "",
+               ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")))
 
 
 def expect_failure(ck, what, folder, needles, extra=()):

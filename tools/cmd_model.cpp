@@ -205,6 +205,28 @@ int run_forward(const ForwardCmd& o) {
   return 0;
 }
 
+// ---- export ------------------------------------------------------------------------------------
+
+struct ExportCmd {
+  std::string model, format = "hf", out;
+};
+
+int run_export(const ExportCmd& o) {
+  check(o.format == "hf", "--format ", o.format, ": expected hf (a Hugging Face folder)");
+  const Model m = Model::load(o.model);
+  check(fs::absolute(o.out) != fs::absolute(o.model), "--out ", o.out, ": is the model directory itself");
+  std::string type;
+  try {
+    type = hf_model_type_for(m.config());
+  } catch (const Error& e) {
+    throw Error(detail::concat(o.model, ": ", e.what()));
+  }
+  save_hf_model(m, o.out);
+  std::cout << "exported " << o.model << " as a Hugging Face " << type << " folder: " << o.out
+            << "/config.json, model.safetensors (" << m.num_parameters() << " parameters)\n";
+  return 0;
+}
+
 // ---- train (on one batch) ----------------------------------------------------------------------
 
 struct TrainCmd {
@@ -304,6 +326,16 @@ Runner add_forward(CLI::App& app) {
       ->transform(whole(1, int64_t{1} << 20));
   c->add_option("--generated", o->generated, "Write the --generate tokens here (.npy int64 (B, N), -1 after an eos)");
   return [o] { return run_forward(*o); };
+}
+
+Runner add_export(CLI::App& app) {
+  auto o = std::make_shared<ExportCmd>();
+  CLI::App* c = app.add_subcommand(
+      "export", "Write a model as a Hugging Face folder (config.json + model.safetensors): gpt2, llama, bert or marian");
+  c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder)")->required();
+  c->add_option("--format", o->format, "Output format: hf (default)");
+  c->add_option("--out", o->out, "Folder to write")->required();
+  return [o] { return run_export(*o); };
 }
 
 Runner add_fit(CLI::App& app) {

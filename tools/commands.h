@@ -15,6 +15,7 @@ Runner add_bench_decode(CLI::App& bench);  // `qkv bench decode`, likewise
 Runner add_init(CLI::App& app);
 Runner add_import(CLI::App& app);
 Runner add_forward(CLI::App& app);
+Runner add_export(CLI::App& app);
 Runner add_fit(CLI::App& app);
 Runner add_train(CLI::App& app);  // qkv train --task ...
 Runner add_translate(CLI::App& app);

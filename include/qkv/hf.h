@@ -49,4 +49,15 @@ struct HfLoadReport {
 // stacked, ...).
 Model load_hf_model(const std::string& dir, HfLoadReport* report = nullptr);
 
+// Export. The Hugging Face model_type that `config` maps onto exactly ("gpt2", "llama", "bert",
+// "marian"), or a qkv::Error naming the first setting that does not map and what the family
+// needs instead ("positional = alibi: ...").
+std::string hf_model_type_for(const ModelConfig& config);
+
+// Writes `model` as a Hugging Face folder: config.json and model.safetensors (float32, each
+// atomically), named as Hugging Face names them, so that transformers and qkv both load it with
+// the same logits. A model that does not map is refused before anything is written. Returns the
+// model_type written.
+std::string save_hf_model(const Model& model, const std::string& dir);
+
 }  // namespace qkv

@@ -4,6 +4,9 @@
 
 #include <sys/stat.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "io/json_strict.h"
+#include "kernels/positional.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/safetensors.h"
@@ -345,8 +349,7 @@ std::string prefix_of(const Checkpoint& ck, const std::string& prefix, const std
   return ck.find(prefix + probe) ? prefix : "";
 }
 
-std::vector<Rule> gpt2_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
-  const std::string p = prefix_of(ck, "transformer.", "wte.weight");
+std::vector<Rule> gpt2_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
   std::vector<Rule> r;
   auto one = [&](const std::string& param, const std::string& name, std::vector<int64_t> shape, bool t = false) {
@@ -381,8 +384,7 @@ std::vector<Rule> gpt2_rules(const ModelConfig& c, const Checkpoint& ck, std::se
   return r;
 }
 
-std::vector<Rule> llama_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
-  const std::string p = prefix_of(ck, "model.", "embed_tokens.weight");
+std::vector<Rule> llama_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size, H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k(),
                 Dv = c.head_dim_v();
   std::vector<Rule> r;
@@ -443,8 +445,7 @@ void norm_rule(std::vector<Rule>& r, const std::string& param, const std::string
   r.push_back({param + ".bias", {{name + ".bias", {D}}}});
 }
 
-std::vector<Rule> bert_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
-  const std::string p = prefix_of(ck, "bert.", "embeddings.word_embeddings.weight");
+std::vector<Rule> bert_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
   std::vector<Rule> r;
   r.push_back({"embed.weight", {{p + "embeddings.word_embeddings.weight", {V, D}}}});
@@ -480,8 +481,7 @@ std::vector<Rule> bert_rules(const ModelConfig& c, const Checkpoint& ck, std::se
   return r;
 }
 
-std::vector<Rule> marian_rules(const ModelConfig& c, const Checkpoint& ck, std::set<std::string>& ignore) {
-  const std::string p = ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight") ? "model." : "";
+std::vector<Rule> marian_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
   std::vector<Rule> r;
   if (c.share_embeddings) {
@@ -521,7 +521,11 @@ std::vector<Rule> marian_rules(const ModelConfig& c, const Checkpoint& ck, std::
   } else {
     r.push_back({"lm_head.weight", {{"lm_head.weight", {V, D}}}});
   }
-  r.push_back({"lm_head.bias", {{"final_logits_bias", {1, V}, false, true}}});
+  if (c.logits_bias) {
+    r.push_back({"lm_head.bias", {{"final_logits_bias", {1, V}, false, true}}});
+  } else {
+    ignore.insert("final_logits_bias");
+  }
   return r;
 }
 
@@ -540,7 +544,221 @@ std::string resolve(const Checkpoint& ck, const std::string& name) {
 
 std::string shape_of(const std::vector<int64_t>& s) { return shape_str(s); }
 
+// ---- export ------------------------------------------------------------------------------------
+
+const char* hf_activation_name(Activation a, bool gpt2) {
+  switch (a) {
+    case Activation::GeluTanh: return gpt2 ? "gelu_new" : "gelu_pytorch_tanh";
+    case Activation::GeluErf: return "gelu";
+    case Activation::ReLU: return "relu";
+    case Activation::SiLU: return "silu";
+    case Activation::Tanh: break;
+  }
+  return nullptr;
+}
+
+// The family a config maps onto, and its config.json; every requirement checked in order, the
+// first unmet one named.
+struct Mapping {
+  std::string type;
+  json config;
+};
+
+Mapping map_config(const ModelConfig& c) {
+  auto need = [&](bool ok, const std::string& type, const std::string& setting, const char* why) {
+    if (!ok)
+      throw Error(detail::concat("config: ", setting, " does not map onto Hugging Face's ", type, " (", why, ")"));
+  };
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  const int64_t D = c.d_model, H = c.n_heads;
+  const bool plain_heads = c.kv_heads() == H && c.head_dim_k() * H == D && c.head_dim_v() == c.head_dim_k();
+  const std::string heads = detail::concat("n_kv_heads = ", c.kv_heads(), ", d_k = ", c.head_dim_k(), ", d_v = ",
+                                           c.head_dim_v());
+  const char* act = hf_activation_name(c.activation, c.arch == Arch::Decoder && c.positional == Positional::Learned);
+  Mapping m;
+  json& j = m.config;
+  if (c.arch == Arch::Decoder) {
+    need(c.positional == Positional::Learned || c.positional == Positional::Rope, "gpt2 or llama",
+         detail::concat("positional = ", positional_name(c.positional)), "gpt2 has learned positions, llama RoPE");
+    const bool gpt2 = c.positional == Positional::Learned;
+    const std::string t = gpt2 ? "gpt2" : "llama";
+    m.type = t;
+    need(c.norm == (gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm), t, c.norm == NormKind::LayerNorm ? "norm = layernorm" : "norm = rmsnorm",
+         gpt2 ? "GPT-2 uses LayerNorm" : "Llama uses RMSNorm");
+    need(c.norm_first, t, "norm_first = false", "its layers are pre-norm");
+    need(c.final_norm, t, "final_norm = false", "it has a final norm");
+    need(!c.scale_embeddings, t, "scale_embeddings = true", "its embeddings are not scaled");
+    need(c.type_vocab_size == 0, t, detail::concat("type_vocab_size = ", c.type_vocab_size), "it has no token types");
+    need(!c.embed_norm, t, "embed_norm = true", "it has no embedding norm");
+    need(!c.logits_bias, t, "logits_bias = true", "its head has no bias");
+    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
+    if (gpt2) {
+      need(c.fused_qkv, t, "fused_qkv = false", "GPT-2's c_attn is one fused projection");
+      need(c.bias, t, "bias = false", "GPT-2 has biases");
+      need(plain_heads, t, heads, "GPT-2 has n_heads heads of d_model / n_heads for queries, keys and values");
+      need(!c.gated, t, "gated = true", "GPT-2's MLP is not gated");
+      j = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", c.vocab_size},
+           {"n_embd", D}, {"n_head", H}, {"n_layer", c.n_layers}, {"n_inner", c.d_ff}, {"n_positions", c.max_len},
+           {"n_ctx", c.max_len}, {"activation_function", act}, {"layer_norm_epsilon", c.norm_eps},
+           {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", 0.0},
+           {"tie_word_embeddings", c.tie_embeddings}, {"initializer_range", c.init_std}};
+    } else {
+      need(!c.fused_qkv, t, "fused_qkv = true", "Llama has separate q_proj, k_proj and v_proj");
+      need(c.gated, t, "gated = false", "Llama's MLP is gated (gate_proj, up_proj)");
+      need(c.head_dim_v() == c.head_dim_k(), t, heads, "Llama's keys and values have one head_dim");
+      j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", c.vocab_size},
+           {"hidden_size", D}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
+           {"num_attention_heads", H}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim_k()},
+           {"hidden_act", act}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+           {"max_position_embeddings", c.max_len}, {"tie_word_embeddings", c.tie_embeddings},
+           {"attention_bias", c.bias}, {"mlp_bias", c.bias}, {"rope_scaling", nullptr},
+           {"initializer_range", c.init_std}};
+    }
+  } else if (c.arch == Arch::EncoderDecoder) {
+    const std::string t = "marian";
+    m.type = t;
+    need(c.positional == Positional::SinusoidalSplitHalf, t, detail::concat("positional = ", positional_name(c.positional)),
+         "Marian's positions are sinusoidal_split_half");
+    need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5, t,
+         detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
+         "Marian uses LayerNorm with eps 1e-5");
+    need(!c.norm_first, t, "norm_first = true", "Marian's layers are post-norm");
+    need(!c.final_norm, t, "final_norm = true", "Marian has no final norms");
+    need(!c.fused_qkv, t, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
+    need(c.bias, t, "bias = false", "Marian has biases");
+    need(plain_heads, t, heads, "Marian has n_heads heads of d_model / n_heads");
+    need(!c.gated, t, "gated = true", "Marian's feed-forward is not gated");
+    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
+    need(c.source_vocab() == c.vocab_size, t, detail::concat("src_vocab_size = ", c.source_vocab()),
+         "Marian has one vocabulary");
+    need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0, t,
+         detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
+         "Marian needs pad, eos and decoder-start tokens");
+    j = {{"model_type", "marian"}, {"architectures", {"MarianMTModel"}}, {"vocab_size", c.vocab_size},
+         {"decoder_vocab_size", c.vocab_size}, {"d_model", D}, {"encoder_layers", c.n_encoder_layers},
+         {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", H}, {"decoder_attention_heads", H},
+         {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
+         {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
+         {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
+         {"share_encoder_decoder_embeddings", c.share_embeddings}, {"tie_word_embeddings", c.tie_embeddings},
+         {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id},
+         {"dropout", c.dropout}, {"attention_dropout", 0.0}, {"activation_dropout", 0.0},
+         {"init_std", c.init_std}, {"is_encoder_decoder", true}};
+  } else {
+    const std::string t = "bert";
+    m.type = t;
+    need(c.positional == Positional::Learned, t, detail::concat("positional = ", positional_name(c.positional)),
+         "BERT has learned positions");
+    need(c.norm == NormKind::LayerNorm, t, "norm = rmsnorm", "BERT uses LayerNorm");
+    need(!c.norm_first, t, "norm_first = true", "BERT's layers are post-norm");
+    need(!c.final_norm, t, "final_norm = true", "BERT has no final norm");
+    need(c.embed_norm, t, "embed_norm = false", "BERT normalises its embeddings");
+    need(c.type_vocab_size > 0, t, "type_vocab_size = 0", "BERT has token-type embeddings");
+    need(!c.scale_embeddings, t, "scale_embeddings = true", "BERT's embeddings are not scaled");
+    need(!c.fused_qkv, t, "fused_qkv = true", "BERT has separate query, key and value");
+    need(c.bias, t, "bias = false", "BERT has biases");
+    need(plain_heads, t, heads, "BERT has n_heads heads of d_model / n_heads");
+    need(!c.gated, t, "gated = true", "BERT's feed-forward is not gated");
+    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
+    if (c.arch == Arch::EncoderClassifier) {
+      need(c.pooling == Pooling::First && c.pooler, t,
+           detail::concat("pooling = ", c.pooling == Pooling::Mean ? "mean" : "first", ", pooler = ", b(c.pooler)),
+           "BERT classifies its first token through the tanh pooler");
+    }
+    need(c.arch != Arch::EncoderMLM || c.tie_embeddings, t, "tie_embeddings = false",
+         "qkv writes BERT's masked-LM decoder tied to the word embeddings");
+    const char* arch = c.arch == Arch::EncoderClassifier ? "BertForSequenceClassification"
+                       : c.arch == Arch::EncoderMLM      ? "BertForMaskedLM"
+                                                         : "BertModel";
+    j = {{"model_type", "bert"}, {"architectures", {arch}}, {"vocab_size", c.vocab_size}, {"hidden_size", D},
+         {"num_hidden_layers", c.n_layers}, {"num_attention_heads", H}, {"intermediate_size", c.d_ff},
+         {"hidden_act", act}, {"max_position_embeddings", c.max_len}, {"type_vocab_size", c.type_vocab_size},
+         {"layer_norm_eps", c.norm_eps}, {"pad_token_id", c.pad_id >= 0 ? c.pad_id : 0},
+         {"position_embedding_type", "absolute"}, {"hidden_dropout_prob", c.dropout},
+         {"attention_probs_dropout_prob", 0.0}, {"initializer_range", c.init_std}};
+    if (c.arch == Arch::EncoderClassifier) {
+      j["num_labels"] = c.num_classes;
+      json id2label = json::object(), label2id = json::object();
+      for (int64_t k = 0; k < c.num_classes; ++k) {
+        id2label[std::to_string(k)] = "LABEL_" + std::to_string(k);
+        label2id["LABEL_" + std::to_string(k)] = k;
+      }
+      j["id2label"] = id2label;
+      j["label2id"] = label2id;
+    }
+  }
+  if (c.arch != Arch::EncoderDecoder) {
+    if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
+    if (c.eos_id >= 0) j["eos_token_id"] = c.eos_id;
+    if (c.pad_id >= 0 && m.type != "bert") j["pad_token_id"] = c.pad_id;
+  }
+  j["torch_dtype"] = "float32";
+  return m;
+}
+
+std::vector<Rule> rules_for(const std::string& type, const ModelConfig& c, const std::string& prefix,
+                            std::set<std::string>& ignore) {
+  if (type == "gpt2") return gpt2_rules(c, prefix, ignore);
+  if (type == "llama") return llama_rules(c, prefix, ignore);
+  if (type == "bert") return bert_rules(c, prefix, ignore);
+  return marian_rules(c, prefix, ignore);
+}
+
 }  // namespace
+
+std::string hf_model_type_for(const ModelConfig& config) { return map_config(config).type; }
+
+std::string save_hf_model(const Model& model, const std::string& dir) {
+  const ModelConfig& c = model.config();
+  const Mapping m = map_config(c);
+  // the names Hugging Face's own classes save under
+  const std::string prefix = m.type == "gpt2"    ? "transformer."
+                             : m.type == "llama" ? "model."
+                             : m.type == "marian" ? "model."
+                             : c.arch == Arch::Encoder ? ""
+                                                       : "bert.";
+  std::set<std::string> ignore;
+  const std::vector<Rule> rules = rules_for(m.type, c, prefix, ignore);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Rule& r : rules) {
+    const Parameter* param = model.find(r.param);
+    check(param != nullptr, "internal: export rule for unknown parameter ", r.param);
+    const Tensor& src = param->var->value;
+    const float* in = src.data<float>();
+    const int64_t cols = src.dim() == 2 ? src.size(1) : 1;
+    int64_t row = 0;
+    for (const Part& p : r.parts) {
+      Tensor t(p.shape, DType::F32);
+      float* o = t.data<float>();
+      const int64_t rows = p.flat ? src.size(0) : p.transpose ? p.shape[1] : p.shape[0];
+      if (p.transpose) {
+        for (int64_t a = 0; a < cols; ++a)
+          for (int64_t b2 = 0; b2 < rows; ++b2) o[a * rows + b2] = in[(row + b2) * cols + a];
+      } else {
+        std::copy(in + row * cols, in + (row + rows) * cols, o);
+      }
+      row += rows;
+      out.emplace_back(p.name, std::move(t));
+    }
+    check(row == src.size(0), "internal: export rule for ", r.param, " covers ", row, " of ", src.size(0), " rows");
+  }
+  if (m.type == "marian") {
+    // Marian's position tables, as transformers computes them (qkv computes its own on load)
+    for (const char* side : {"encoder", "decoder"}) {
+      Tensor pe({c.max_len, c.d_model}, DType::F32);
+      kernels::sinusoidal_positions(pe.data<float>(), c.max_len, c.d_model, 0, kernels::SinusoidalLayout::SplitHalf);
+      out.emplace_back(prefix + side + ".embed_positions.weight", std::move(pe));
+    }
+    if (!c.logits_bias) out.emplace_back("final_logits_bias", Tensor({1, c.vocab_size}, DType::F32));  // zeros
+  }
+  struct stat st {};
+  if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
+    throw Error(detail::concat(dir, ": cannot create the directory: ", std::strerror(errno)));
+  check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": exists and is not a directory");
+  write_safetensors(dir + "/model.safetensors", out, {{"format", "pt"}});
+  write_file_atomic(dir + "/config.json", m.config.dump(2) + "\n");
+  return m.type;
+}
 
 bool is_hf_model_dir(const std::string& dir) {
   const std::string path = dir + "/config.json";
@@ -590,10 +808,15 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
   const ModelConfig cfg = hf_config(text, cfg_path, &type);
   const Checkpoint ck(dir);
   std::set<std::string> ignore;
-  std::vector<Rule> rules = type == "gpt2"    ? gpt2_rules(cfg, ck, ignore)
-                           : type == "llama" ? llama_rules(cfg, ck, ignore)
-                           : type == "bert"  ? bert_rules(cfg, ck, ignore)
-                                             : marian_rules(cfg, ck, ignore);
+  std::vector<Rule> rules =
+      type == "gpt2"    ? gpt2_rules(cfg, prefix_of(ck, "transformer.", "wte.weight"), ignore)
+      : type == "llama" ? llama_rules(cfg, prefix_of(ck, "model.", "embed_tokens.weight"), ignore)
+      : type == "bert"  ? bert_rules(cfg, prefix_of(ck, "bert.", "embeddings.word_embeddings.weight"), ignore)
+                        : marian_rules(cfg,
+                                       ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight")
+                                           ? "model."
+                                           : "",
+                                       ignore);
   for (Rule& r : rules)
     for (Part& p : r.parts) p.name = resolve(ck, p.name);
 
