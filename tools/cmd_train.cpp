@@ -36,7 +36,7 @@ using json = nlohmann::json;
 
 // RunOptions (train_json.h): the options train.json keeps for --resume.
 struct Options : RunOptions {
-  std::string out, config, tokenizer, spm_type = "unigram";
+  std::string out, config, tokenizer, spm_type = "unigram", init;
   int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1;
   double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
@@ -100,6 +100,52 @@ ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tok
   return c;
 }
 
+// Fine-tuning (--init DIR): the config of the model in DIR (qkv's own or a Hugging Face folder),
+// made fit for the task. A classifier from an encoder (BertModel, BertForMaskedLM), or from a
+// classifier with another number of labels, gets a new head; *new_head says so.
+ModelConfig init_config(const Options& o, Task task, const ModelConfig& from, const Tokenizer& tok, int64_t classes,
+                        bool* new_head) {
+  ModelConfig c = from;
+  *new_head = false;
+  const std::string where = "--init " + o.init;
+  switch (task) {
+    case Task::LanguageModel:
+      check(c.arch == Arch::Decoder, where, ": is ", arch_name(c.arch), "; --task lm fine-tunes a decoder");
+      break;
+    case Task::Translate:
+      check(c.arch == Arch::EncoderDecoder, where, ": is ", arch_name(c.arch),
+            "; --task translate fine-tunes an encoder-decoder");
+      break;
+    case Task::Classify:
+      check(c.arch == Arch::EncoderClassifier || c.arch == Arch::EncoderMLM || c.arch == Arch::Encoder, where, ": is ",
+            arch_name(c.arch), "; --task classify fine-tunes an encoder");
+      if (c.arch != Arch::EncoderClassifier || c.num_classes != classes) {
+        *new_head = true;
+        if (c.arch != Arch::EncoderClassifier) {
+          // BERT's sequence classifier: the first token through a tanh pooler (embedding-normed
+          // encoders), else mean pooling
+          c.pooling = c.embed_norm ? Pooling::First : Pooling::Mean;
+          c.pooler = c.embed_norm;
+        }
+        c.arch = Arch::EncoderClassifier;
+        c.num_classes = classes;
+        c.tie_embeddings = false;
+        c.logits_bias = false;
+      }
+      break;
+  }
+  check(tok.vocab_size() == c.vocab_size, where, ": the tokenizer has ", tok.vocab_size(),
+        " tokens but the model's vocab_size is ", c.vocab_size,
+        o.tokenizer.empty() ? " (the tokenizer came from the same directory)" : " (give the model's own tokenizer)");
+  // padding must be ignored by the loss: the tokenizer's pad token when the model names none
+  if (c.pad_id < 0 && tok.pad_id() >= 0) c.pad_id = tok.pad_id();
+  if (c.bos_id < 0 && tok.bos_id() >= 0) c.bos_id = tok.bos_id();
+  if (c.eos_id < 0 && tok.eos_id() >= 0) c.eos_id = tok.eos_id();
+  if (o.dropout >= 0) c.dropout = o.dropout;
+  c.validate();
+  return c;
+}
+
 void make_dir(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -131,7 +177,7 @@ json options_json(const Options& o) {
           {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
           {"test_fraction", o.test_fraction}, {"seed", o.seed}, {"lr", o.lr},
           {"warmup", o.warmup},     {"dropout", o.dropout},   {"label_smoothing", o.label_smoothing},
-          {"eval_every", o.eval_every}, {"data_files", data_identity(o)}};
+          {"eval_every", o.eval_every}, {"init", o.init}, {"data_files", data_identity(o)}};
 }
 
 // The data must be what the run started with (train.json's data_files), or the split and the
@@ -217,6 +263,11 @@ int run(Options o) {
     check(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "--out ", o.out,
           ": exists and is not a directory");
   }
+  check(o.init.empty() || o.config.empty(), "--init ", o.init, " and --config ", o.config,
+        " exclude each other: the model to fine-tune brings its own config");
+  check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
+  std::unique_ptr<Model> init_model;
+  if (!o.init.empty()) init_model = std::make_unique<Model>(Model::load(o.init));
   const Task task = parse_task(o.task);
   const Preset p = preset_of(o.preset, task);
   if (o.max_tokens <= 0) o.max_tokens = p.max_tokens;
@@ -252,6 +303,12 @@ int run(Options o) {
   std::unique_ptr<Tokenizer> tok;
   if (o.resume) {
     tok = load_tokenizer(o.out);
+  } else if (!o.init.empty() && o.tokenizer.empty()) {
+    try {
+      tok = load_tokenizer(o.init);  // the model's own tokenizer
+    } catch (const Error& e) {
+      throw Error(detail::concat("--init ", o.init, ": ", e.what(), "; or give --tokenizer"));
+    }
   } else if (o.tokenizer == "byte") {
     tok = make_byte_tokenizer();
   } else if (o.tokenizer.rfind("gpt2:", 0) == 0) {
@@ -321,15 +378,42 @@ int run(Options o) {
     std::fprintf(stderr, "qkv train: note: no validation split: the model directory keeps the last weights\n");
 
   // model and trainer
-  ModelConfig cfg = o.resume ? checkpoint_model_config(ckpt)
-                             : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
-  check_positions(cfg, o.max_len, o.config.empty() ? "--preset " + o.preset : "--config " + o.config);
+  bool new_head = false;
+  ModelConfig cfg = o.resume         ? checkpoint_model_config(ckpt)
+                    : init_model ? init_config(o, task, init_model->config(), *tok, static_cast<int64_t>(labels.size()),
+                                               &new_head)
+                                     : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
+  check_positions(cfg, o.max_len, init_model ? "--init " + o.init
+                                  : o.config.empty() ? "--preset " + o.preset
+                                                     : "--config " + o.config);
   check(!o.resume || tok->vocab_size() == cfg.vocab_size, o.out, "/qkv_tokenizer.json: the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
   check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
         labels.size(), " labels, but the model has ", cfg.num_classes, " classes");
   Model model(cfg);
   model.init(o.seed);
+  if (init_model) {
+    // the weights of --init; a new classification head keeps its initialisation from --seed
+    std::vector<std::pair<std::string, Tensor>> keep;
+    int64_t dropped = 0;
+    for (auto& [name, t] : init_model->state_dict()) {
+      const Parameter* q = model.find(name);
+      if (q && (!new_head || q->var->value.shape() == t.shape())) {
+        keep.emplace_back(name, t);
+      } else {
+        ++dropped;  // the head the task replaces (a masked-LM head, another classifier)
+      }
+    }
+    model.load_state_dict(keep, /*allow_missing=*/new_head);
+    init_model.reset();
+    std::fprintf(stderr, "qkv train: fine-tuning %s (%lld parameters)%s\n", o.init.c_str(),
+                 static_cast<long long>(model.num_parameters()),
+                 new_head ? detail::concat(": a new ", cfg.num_classes, "-class head (", cfg.pooler ? "pooler + " : "",
+                                           "classifier) initialised from --seed",
+                                           dropped ? detail::concat(", ", dropped, " tensors of the old head left out") : "")
+                                .c_str()
+                          : "");
+  }
   TrainConfig tc;
   tc.seed = o.seed;
   tc.clip_norm = 1.0;
@@ -428,6 +512,9 @@ Runner add_train(CLI::App& app) {
   c->add_option("--preset", o->preset, "Model size: tiny, small or base (the 2017 base model)")
       ->check(CLI::IsMember({"tiny", "small", "base"}));
   c->add_option("--config", o->config, "A config.json for the model instead of a preset")->check(CLI::ExistingFile);
+  c->add_option("--init", o->init,
+                "Fine-tune this model (a qkv model directory or a Hugging Face folder) instead of starting from random "
+                "weights; its tokenizer too unless --tokenizer is given. --task classify on an encoder adds a head");
   c->add_option("--tokenizer", o->tokenizer,
                 "A directory with qkv_tokenizer.json (e.g. a model), a SentencePiece .model file, 'byte', or gpt2:DIR "
                 "(GPT-2's encoder.json + vocab.bpe in DIR) (default: train SentencePiece)");

@@ -59,7 +59,8 @@ class Tokenizer {
 inline constexpr char kTokenizerFile[] = "qkv_tokenizer.json";
 
 // Reads dir/qkv_tokenizer.json (or, in older directories, qkv's dir/tokenizer.json) and the files
-// it names.
+// it names. A Hugging Face folder without one gives its slow-tokenizer files, which qkv reads
+// exactly: GPT-2's vocab.json + merges.txt, or a SentencePiece tokenizer.model.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();

@@ -127,6 +127,7 @@ ModelConfig gpt2_config(const Keys& c) {
   m.bias = true;
   m.fused_qkv = true;
   m.init_std = c.number("initializer_range", 0.02);
+  m.dropout = c.number("resid_pdrop", 0.1);  // qkv has one rate (training only)
   c.refuse_unless("scale_attn_weights", true, "unscaled attention scores");
   c.refuse_unless("scale_attn_by_inverse_layer_idx", false, "scores scaled by 1 / (layer + 1)");
   c.refuse_unless("reorder_and_upcast_attn", false, "GPT-2's reordered, upcast attention");
@@ -163,6 +164,7 @@ ModelConfig llama_config(const Keys& c) {
   m.bias = attn_bias;
   m.fused_qkv = false;
   m.init_std = c.number("initializer_range", 0.02);
+  m.dropout = c.number("attention_dropout", 0.0);
   c.refuse_unless("rope_scaling", nullptr, "scaled RoPE (linear, dynamic, yarn, llama3)");
   m.bos_id = c.token("bos_token_id", 1 < m.vocab_size ? 1 : -1, m.vocab_size);
   m.eos_id = c.token("eos_token_id", 2 < m.vocab_size ? 2 : -1, m.vocab_size);
@@ -205,6 +207,7 @@ ModelConfig bert_config(const Keys& c, const json& j) {
   m.bias = true;
   m.fused_qkv = false;
   m.init_std = c.number("initializer_range", 0.02);
+  m.dropout = c.number("hidden_dropout_prob", 0.1);
   m.tie_embeddings = m.arch == Arch::EncoderMLM && c.boolean("tie_word_embeddings", true);
   c.refuse_unless("position_embedding_type", "absolute", "relative position embeddings");
   c.refuse_unless("is_decoder", false, "BERT as a causal decoder");
@@ -257,6 +260,7 @@ ModelConfig marian_config(const Keys& c) {
   m.bias = true;
   m.fused_qkv = false;
   m.init_std = c.number("init_std", 0.02);
+  m.dropout = c.number("dropout", 0.1);
   c.refuse_unless("normalize_before", false, "pre-norm layers");
   c.refuse_unless("normalize_embedding", false, "a norm over the embeddings");
   c.refuse_unless("add_final_layer_norm", false, "a final norm");

@@ -248,6 +248,18 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file) {
   return parse_sentencepiece(read_file(model_file, "SentencePiece model"), model_file);
 }
 
+namespace {
+// Hugging Face's tokenizer.json (the tokenizers library's format) has "model", never qkv's "type".
+bool is_hf_tokenizer_json(const std::string& file) {
+  try {
+    const Json j = detail::parse_json_object(read_file(file, "tokenizer.json"), file);
+    return !j.contains("type") && (j.contains("model") || j.contains("version"));
+  } catch (const Error&) {
+    return false;  // not JSON: qkv's reader names what is wrong
+  }
+}
+}  // namespace
+
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   // The directory, then qkv_tokenizer.json in it (or an older directory's tokenizer.json).
   std::error_code ec;
@@ -260,14 +272,24 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const bool legacy = !std::filesystem::exists(file, ec);
   if (legacy) {
     file = join(dir, "tokenizer.json");
+    // A Hugging Face folder's slow-tokenizer files, which qkv reads exactly: GPT-2's vocab.json +
+    // merges.txt (OpenAI's encoder.json + vocab.bpe under other names), or a SentencePiece
+    // tokenizer.model (Llama-2, TinyLlama).
+    const bool hf_json = std::filesystem::exists(file, ec) && is_hf_tokenizer_json(file);
+    if (!std::filesystem::exists(file, ec) || hf_json) {
+      const std::string vocab = join(dir, "vocab.json"), merges = join(dir, "merges.txt"), spm = join(dir, "tokenizer.model");
+      if (std::filesystem::exists(vocab, ec) && std::filesystem::exists(merges, ec)) return load_gpt2_tokenizer(vocab, merges);
+      if (std::filesystem::exists(spm, ec)) return load_sentencepiece(spm);
+    }
+    if (hf_json)
+      fail(file, ": is a Hugging Face tokenizer.json (the tokenizers library's format), which qkv does not read yet, "
+                 "and the folder has no vocab.json + merges.txt or tokenizer.model; give --tokenizer a qkv tokenizer "
+                 "(byte, gpt2:DIR, a SentencePiece .model)");
     if (!std::filesystem::exists(file, ec))
-      fail(join(dir, kTokenizerFile), ": no such file (expected ", kTokenizerFile, " in the tokenizer directory)");
+      fail(join(dir, kTokenizerFile), ": no such file (expected ", kTokenizerFile,
+           " in the tokenizer directory, or a Hugging Face folder's vocab.json + merges.txt or tokenizer.model)");
   }
   const Json j = detail::parse_json_object(read_file(file, legacy ? "tokenizer.json" : kTokenizerFile), file);
-  // Hugging Face's tokenizer.json (the tokenizers library's format) has "model", never "type"
-  if (legacy && !j.contains("type") && (j.contains("model") || j.contains("version")))
-    fail(file, ": is a Hugging Face tokenizer.json (the tokenizers library's format), which qkv does not read yet; "
-               "give --tokenizer a qkv tokenizer (byte, gpt2:DIR, a SentencePiece .model)");
 
   // "type" chooses the kind; each kind's other keys name its files.
   const auto t = j.find("type");
