@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_checks.h"
 #include "commands.h"
 #include "qkv/files.h"
@@ -35,9 +37,38 @@ struct Loaded {
   std::string dir;
 };
 
+// A Hugging Face folder has no task.json: its architecture says what it does (a decoder
+// generates, an encoder-decoder translates, a sequence classifier labels, with config.json's
+// id2label names, in id order).
+TaskInfo hf_task_info(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const ModelConfig c = hf_config(read_file(path, "config.json"), path);
+  TaskInfo t;
+  t.max_len = c.positional == Positional::Learned ? c.max_len : 0;
+  switch (c.arch) {
+    case Arch::Decoder: t.task = Task::LanguageModel; break;
+    case Arch::EncoderDecoder: t.task = Task::Translate; break;
+    case Arch::EncoderClassifier: {
+      t.task = Task::Classify;
+      const nlohmann::json j = nlohmann::json::parse(read_file(path, "config.json"));
+      for (int64_t k = 0; k < c.num_classes; ++k) {
+        const std::string key = std::to_string(k);
+        const bool named = j.contains("id2label") && j["id2label"].is_object() && j["id2label"].contains(key) &&
+                           j["id2label"][key].is_string();
+        t.labels.push_back(named ? j["id2label"][key].get<std::string>() : "LABEL_" + key);
+      }
+      break;
+    }
+    default:
+      throw Error(detail::concat("--model ", dir, ": a Hugging Face ", arch_name(c.arch),
+                                 " has no task of qkv's (generate, translate, classify); use qkv forward"));
+  }
+  return t;
+}
+
 Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   check(fs::is_directory(dir), "--model ", dir, ": not a directory");
-  TaskInfo info = TaskInfo::load(dir);
+  TaskInfo info = !fs::exists(dir + "/task.json") && is_hf_model_dir(dir) ? hf_task_info(dir) : TaskInfo::load(dir);
   check(info.task == want, "--model ", dir, ": the model was trained for --task ", task_name(info.task), ", but qkv ",
         command, " needs a ", task_name(want), " model");
   Model m = Model::load(dir);
@@ -419,7 +450,8 @@ Runner add_eval(CLI::App& app) {
   c->add_option("--batch", o->d.batch, "translate: sentences per batch (default 16)")->transform(whole(1, 4096));
   o->d.add(c, false);
   return [o, hyp_out, max_tokens] {
-    const TaskInfo info = TaskInfo::load(o->model);
+    const TaskInfo info = !fs::exists(o->model + "/task.json") && is_hf_model_dir(o->model) ? hf_task_info(o->model)
+                                                                                         : TaskInfo::load(o->model);
     if (info.task == Task::Translate) {
       o->d.resolve();
       check(max_tokens->count() == 0, "--max-tokens batches the scoring of language models and classifiers; "
