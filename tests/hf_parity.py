@@ -510,6 +510,15 @@ class Checks:
         print(line.replace(self.root, "$WORK"), flush=True)
 
 
+def after_eos(tokens, eos):
+    """As qkv reports generated rows: a row stops at the eos, -1 after it."""
+    for b in range(tokens.shape[0]):
+        hits = (tokens[b] == eos).nonzero()
+        if len(hits):
+            tokens[b, hits[0, 0] + 1:] = -1
+    return tokens
+
+
 def greedy(forward, ids, n):
     """Greedy decoding by full recomputation: every step reruns the whole prefix."""
     seq = ids.clone()
@@ -554,39 +563,11 @@ def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_hea
     if rc != 0:
         ck.report(False, name + " forward", "exit %d: %s" % (rc, err.strip()))
         return
-    got = torch.from_numpy(np.load(logits_path))
-    num = den = 0.0
-    for b in range(B):
-        n = lengths[b]
-        num = max(num, (got[b, :n] - ref[b, :n].detach()).abs().max().item())
-        den = max(den, ref[b, :n].abs().max().item())
-    rel = num / den
-    ck.report(rel <= LOGITS_TOL, name + " logits", "max rel err %.2e (tol %.0e) over %s, max|ref| %.2f" %
-              (rel, LOGITS_TOL, "x".join(map(str, ref.shape)), den))
-
-    # loss and gradients
+    compare_logits(ck, name, torch.from_numpy(np.load(logits_path)), ref, lengths)
     loss = F.cross_entropy(ref.reshape(-1, V), target.reshape(-1), ignore_index=-100)
     loss.backward()
-    qloss = float(out.split("loss ")[1].split()[0]) if "loss " in out else float("nan")
-    lrel = abs(qloss - loss.item()) / abs(loss.item())
-    ck.report(lrel <= LOSS_TOL, name + " loss", "qkv %.7g torch %.7g rel %.1e" % (qloss, loss.item(), lrel))
-    names = gpt2_names(cfg, prefix) if family == "gpt2" else llama_names(cfg, prefix)
-    files = {f[:-4] for f in os.listdir(grads)}
-    worst, worst_name, missing = 0.0, "", sorted(set(names) ^ files)
-    for qn, parts in names.items():
-        if qn not in files:
-            continue
-        want = torch.cat([Wr[h].grad.T if t else Wr[h].grad for h, t in parts], dim=0)
-        gq = torch.from_numpy(np.load(os.path.join(grads, qn + ".npy")))
-        e = (gq.reshape(-1) - want.reshape(-1)).abs().max().item() / max(want.abs().max().item(), 1e-6)
-        if ck.verbose:
-            print("   grad %-40s %.2e" % (qn, e))
-        if e > worst:
-            worst, worst_name = e, qn
-    ck.report(worst <= GRAD_TOL and not missing, name + " gradients",
-              "worst %.2e in %s (tol %.0e)%s" % (worst, worst_name, GRAD_TOL,
-                                                 "; names differ: %s" % missing if missing else ""))
-
+    compare_loss(ck, name, out, loss)
+    compare_grads(ck, name, Wr, gpt2_names(cfg, prefix) if family == "gpt2" else llama_names(cfg, prefix), grads)
     export_check(ck, name, folder, Wr)
 
     # greedy decoding with the cache against full recomputation
@@ -600,11 +581,7 @@ def model_case(ck, name, family, cfg, dtype="F32", shards=1, prefix="", with_hea
         return
     with torch.no_grad():
         want = greedy(fwd, prompt, 6)
-    eos = cfg.get("eos_token_id")
-    for b in range(want.shape[0]):  # qkv stops a row at the eos: -1 after it
-        hits = (want[b] == eos).nonzero()
-        if len(hits):
-            want[b, hits[0, 0] + 1:] = -1
+    want = after_eos(want, cfg.get("eos_token_id"))
     got = torch.from_numpy(np.load(gen_path))
     ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
               (got.tolist()[0], want.tolist()[0]))
@@ -743,11 +720,7 @@ def marian_case(ck, name, cfg, dtype="F32", seed=0):
         for _ in range(6):
             nxt = marian_forward(Wr, cfg, src, src_len, seq)[:, -1].argmax(-1)
             seq = torch.cat([seq, nxt[:, None]], dim=1)
-        want = seq[:, 1:].clone()
-    for b in range(B):
-        hits = (want[b] == eos).nonzero()
-        if len(hits):
-            want[b, hits[0, 0] + 1:] = -1
+        want = after_eos(seq[:, 1:].clone(), eos)
     got = torch.from_numpy(np.load(os.path.join(work, "generated.npy")))
     ck.report(torch.equal(got, want), name + " decoding", "cached greedy %s vs recomputed %s" %
               (got.tolist()[0], want.tolist()[0]))

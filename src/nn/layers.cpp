@@ -240,8 +240,16 @@ Var MultiHeadAttention::cached_self(Context& c, const Var& x, const AttentionSpe
     spec.key_lengths = len;
     spec.causal = false;
   }
+  return attend(c, qT, kT, vT, spec, kv);
+}
+
+Var MultiHeadAttention::attend(Context& c, const Tensor& qT, const Tensor& kT, const Tensor& vT,
+                               const AttentionSpec& spec, KVCache& kv) const {
+  // qT (B, H, Tn, Dk), kT (B, G, Tk, Dk), vT (B, G, Tk, Dv)
+  const int64_t B = qT.size(0), Tn = qT.size(2), Tk = kT.size(2);
   const AttentionOutput o = attention(qT, kT, vT, spec);
   if (kv.capture_head >= 0) {
+    // that head's weights, recomputed from the saved logsumexp: (B, Tn, Tk)
     const Tensor w = attention_weights(qT, kT, o.lse, spec, 0, Tn);  // (B, H, Tn, Tk)
     kv.captured = Tensor::empty({B, Tn, Tk});
     for (int64_t b = 0; b < B; ++b) {
@@ -297,17 +305,7 @@ Var MultiHeadAttention::cached_cross(Context& c, const Var& x, const Var& memory
   const Tensor qT = q.as_strided({B, H, Tn, Dk}, {Tn * H * Dk, Dk, H * Dk, 1}, 0);
   const Tensor kT = kv.k.as_strided({B, G, S, Dk}, {S * G * Dk, Dk, G * Dk, 1}, 0);
   const Tensor vT = kv.v.as_strided({B, G, S, Dv}, {S * G * Dv, Dv, G * Dv, 1}, 0);
-  const AttentionOutput o = attention(qT, kT, vT, spec);
-  if (kv.capture_head >= 0) {
-    const Tensor w = attention_weights(qT, kT, o.lse, spec, 0, Tn);  // (B, H, Tn, S)
-    kv.captured = Tensor::empty({B, Tn, S});
-    for (int64_t b = 0; b < B; ++b) {
-      const float* src = w.data<float>() + (b * H + kv.capture_head) * Tn * S;
-      std::copy(src, src + Tn * S, kv.captured.data<float>() + b * Tn * S);
-    }
-  }
-  const Tensor heads = o.out.permute({0, 2, 1, 3}).contiguous().view({B, Tn, H * Dv});
-  return out(c, make_var(heads));
+  return attend(c, qT, kT, vT, spec, kv);
 }
 
 // ---- feed-forward, layers, stacks --------------------------------------------------------------

@@ -144,6 +144,9 @@ struct MultiHeadAttention {
  private:
   Var cached_self(Context& c, const Var& x, const AttentionSpec& spec, KVCache& cache) const;
   Var cached_cross(Context& c, const Var& x, const Var& memory, const AttentionSpec& spec, KVCache& cache) const;
+  // The flash kernel over the cache's keys and values, the captured head's weights, the output projection.
+  Var attend(Context& c, const Tensor& qT, const Tensor& kT, const Tensor& vT, const AttentionSpec& spec,
+             KVCache& cache) const;
 };
 
 struct FeedForwardNet {
