@@ -16,6 +16,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "task_util.h"
 #include "qkv/qkv.h"
 
 namespace qkv::cli {
@@ -166,7 +167,7 @@ Tensor greedy_tokens(const Model& m, const Batch& b, int64_t n) {
 }
 
 int run_forward(const ForwardCmd& o) {
-  Model m = Model::load(o.model);
+  Model m = load_model(o.model);
   const Batch b = o.batch.load(m);
   check(o.grads.empty() || b.target.defined(), "--grads needs --target (gradients of the loss)");
   if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
@@ -213,7 +214,7 @@ struct ExportCmd {
 
 int run_export(const ExportCmd& o) {
   check(o.format == "hf", "--format ", o.format, ": expected hf (a Hugging Face folder)");
-  const Model m = Model::load(o.model);
+  const Model m = load_model(o.model);
   check(fs::absolute(o.out) != fs::absolute(o.model), "--out ", o.out, ": is the model directory itself");
   std::string type;
   try {
@@ -242,7 +243,7 @@ struct TrainCmd {
 };
 
 int run_train(TrainCmd& o) {
-  Model m = o.resume.empty() ? Model::load(o.model) : Model(checkpoint_model_config(o.resume));
+  Model m = o.resume.empty() ? load_model(o.model) : Model(checkpoint_model_config(o.resume));
   o.cfg.schedule.kind = parse_schedule_kind(o.schedule);
   o.cfg.schedule.lr = o.lr;
   o.cfg.schedule.warmup = o.warmup;

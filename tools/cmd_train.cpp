@@ -267,7 +267,7 @@ int run(Options o) {
         " exclude each other: the model to fine-tune brings its own config");
   check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
   std::unique_ptr<Model> init_model;
-  if (!o.init.empty()) init_model = std::make_unique<Model>(Model::load(o.init));
+  if (!o.init.empty()) init_model = std::make_unique<Model>(load_model(o.init));
   const Task task = parse_task(o.task);
   const Preset p = preset_of(o.preset, task);
   if (o.max_tokens <= 0) o.max_tokens = p.max_tokens;

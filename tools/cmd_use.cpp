@@ -71,7 +71,7 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   TaskInfo info = !fs::exists(dir + "/task.json") && is_hf_model_dir(dir) ? hf_task_info(dir) : TaskInfo::load(dir);
   check(info.task == want, "--model ", dir, ": the model was trained for --task ", task_name(info.task), ", but qkv ",
         command, " needs a ", task_name(want), " model");
-  Model m = Model::load(dir);
+  Model m = load_model(dir);
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
   check(tok->vocab_size() == m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match config.json's vocab_size (", m.config().vocab_size, ")");

@@ -9,9 +9,25 @@
 
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "qkv/hf.h"
 #include "qkv/npy.h"
 
 namespace qkv::cli {
+
+Model load_model(const std::string& dir) {
+  if (!is_hf_model_dir(dir)) return Model::load(dir);
+  HfLoadReport report;
+  Model m = load_hf_model(dir, &report);
+  if (!report.unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < report.unused.size() && i < 4; ++i) names += (i ? ", " : "") + report.unused[i];
+    std::fprintf(stderr, "qkv: note: %s: %zu tensors of the %s folder are not used by this model (%s%s)\n",
+                 dir.c_str(), report.unused.size(), report.model_type.c_str(), names.c_str(),
+                 report.unused.size() > 4 ? ", ..." : "");
+  }
+  return m;
+}
+
 
 int64_t RawData::size() const {
   return static_cast<int64_t>(pairs.size() + labeled.size() + lines.size());

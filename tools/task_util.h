@@ -8,10 +8,16 @@
 #include <vector>
 
 #include "qkv/data.h"
+#include "qkv/model.h"
 #include "qkv/task.h"
 #include "qkv/tokenizer.h"
 
 namespace qkv::cli {
+
+// Model::load, and for a Hugging Face folder a note on standard error naming the tensors the
+// model does not use (as transformers warns: a BertForPreTraining checkpoint's next-sentence head
+// under a masked-LM model, say).
+Model load_model(const std::string& dir);
 
 // A task's raw records: translate (source, target), classify (label, text), lm (text lines).
 struct RawData {
