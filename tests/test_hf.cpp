@@ -136,7 +136,7 @@ TEST(HfExport, EveryFamilyRoundTripsWithIdenticalLogits) {
     SCOPED_TRACE(k.name);
     Model m(k.cfg);
     m.init(100 + i);
-    const std::string out = dir / ("m" + std::to_string(i++));
+    const std::string out = dir / (std::string("m").append(std::to_string(i++)));
     EXPECT_EQ(hf_model_type_for(k.cfg), k.type);
     EXPECT_EQ(save_hf_model(m, out), k.type);
     ASSERT_TRUE(is_hf_model_dir(out));
