@@ -67,6 +67,21 @@ run_qkv(0 out err --threads 2 train --out "${w}/ft-hf" --resume --steps 6)
 expect_contains("${out}" "trained 6 steps" "resume a fine-tuning run")
 run_qkv(0 out err --threads 1 generate --model "${w}/ft-hf" --prompt "one two" --max-len 5)
 
+# a Llama-shaped model with a SentencePiece vocabulary, exported with its tokenizer.model (as
+# Llama-2 / TinyLlama folders carry one): the folder generates what the qkv directory generates
+file(WRITE "${w}/llama.json" "{\"arch\": \"decoder\", \"vocab_size\": 300, \"d_model\": 32, \"n_heads\": 4, \
+\"n_kv_heads\": 2, \"d_ff\": 48, \"n_layers\": 1, \"positional\": \"rope\", \"norm\": \"rmsnorm\", \
+\"norm_first\": true, \"activation\": \"silu\", \"gated\": true, \"bias\": false, \"fused_qkv\": false}")
+run_qkv(0 out err --threads 1 train --task lm --data "${w}/text.txt" --out "${w}/sp" --config "${w}/llama.json"
+        --vocab 300 --steps 4 --max-len 24)
+run_qkv(0 out err export --model "${w}/sp" --out "${w}/sp-hf")
+file(COPY_FILE "${w}/sp/tokenizer.model" "${w}/sp-hf/tokenizer.model")
+run_qkv(0 qkv_out err --threads 1 generate --model "${w}/sp" --prompt "one two" --max-len 5)
+run_qkv(0 hf_out err --threads 1 generate --model "${w}/sp-hf" --prompt "one two" --max-len 5)
+if(NOT qkv_out STREQUAL hf_out)
+  message(FATAL_ERROR "generate: the llama folder with tokenizer.model wrote '${hf_out}', the qkv directory '${qkv_out}'")
+endif()
+
 # a classifier from an encoder: a BERT-shaped masked-LM model, exported as bert, gets a new head
 file(WRITE "${w}/bert.json" "{\"arch\": \"encoder-mlm\", \"vocab_size\": 259, \"d_model\": 32, \"n_heads\": 4, \
 \"d_ff\": 64, \"n_layers\": 1, \"positional\": \"learned\", \"max_len\": 32, \"final_norm\": false, \

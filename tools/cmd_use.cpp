@@ -16,6 +16,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "io/json_strict.h"
 #include "qkv/files.h"
 #include "qkv/qkv.h"
 #include "qkv/metrics.h"
@@ -50,7 +51,7 @@ TaskInfo hf_task_info(const std::string& dir) {
     case Arch::EncoderDecoder: t.task = Task::Translate; break;
     case Arch::EncoderClassifier: {
       t.task = Task::Classify;
-      const nlohmann::json j = nlohmann::json::parse(read_file(path, "config.json"));
+      const nlohmann::json j = detail::parse_json_object(read_file(path, "config.json"), path);
       for (int64_t k = 0; k < c.num_classes; ++k) {
         const std::string key = std::to_string(k);
         const bool named = j.contains("id2label") && j["id2label"].is_object() && j["id2label"].contains(key) &&
