@@ -546,7 +546,6 @@ std::string resolve(const Checkpoint& ck, const std::string& name) {
   return name;
 }
 
-std::string shape_of(const std::vector<int64_t>& s) { return shape_str(s); }
 
 // ---- export ------------------------------------------------------------------------------------
 
@@ -812,15 +811,13 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
   const ModelConfig cfg = hf_config(text, cfg_path, &type);
   const Checkpoint ck(dir);
   std::set<std::string> ignore;
-  std::vector<Rule> rules =
-      type == "gpt2"    ? gpt2_rules(cfg, prefix_of(ck, "transformer.", "wte.weight"), ignore)
-      : type == "llama" ? llama_rules(cfg, prefix_of(ck, "model.", "embed_tokens.weight"), ignore)
-      : type == "bert"  ? bert_rules(cfg, prefix_of(ck, "bert.", "embeddings.word_embeddings.weight"), ignore)
-                        : marian_rules(cfg,
-                                       ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight")
-                                           ? "model."
-                                           : "",
-                                       ignore);
+  // the prefix the checkpoint's names carry (GPT2LMHeadModel's "transformer.", ...), if any
+  const std::string prefix =
+      type == "gpt2"    ? prefix_of(ck, "transformer.", "wte.weight")
+      : type == "llama" ? prefix_of(ck, "model.", "embed_tokens.weight")
+      : type == "bert"  ? prefix_of(ck, "bert.", "embeddings.word_embeddings.weight")
+                        : (ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight") ? "model." : "");
+  std::vector<Rule> rules = rules_for(type, cfg, prefix, ignore);
   for (Rule& r : rules)
     for (Part& p : r.parts) p.name = resolve(ck, p.name);
 
@@ -828,10 +825,10 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
   for (const Rule& r : rules)
     for (const Part& p : r.parts) {
       const SafetensorsReader::Info* t = ck.find(p.name);
-      check(t != nullptr, dir, ": tensor \"", p.name, "\" ", shape_of(p.shape), " is missing from ", ck.describe(),
+      check(t != nullptr, dir, ": tensor \"", p.name, "\" ", shape_str(p.shape), " is missing from ", ck.describe(),
             " (qkv's ", r.param, ", for this ", type, " config)");
-      check(t->shape == p.shape, ck.file_of(p.name), ": tensor \"", p.name, "\" has shape ", shape_of(t->shape),
-            "; config.json implies ", shape_of(p.shape));
+      check(t->shape == p.shape, ck.file_of(p.name), ": tensor \"", p.name, "\" has shape ", shape_str(t->shape),
+            "; config.json implies ", shape_str(p.shape));
       check(t->dtype == "F32" || t->dtype == "F16" || t->dtype == "BF16" || t->dtype == "F64", ck.file_of(p.name),
             ": tensor \"", p.name, "\" is ", t->dtype, "; expected F32, F16 or BF16");
     }
@@ -854,7 +851,7 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
       const int64_t rows = p.flat ? dst.size(0) : p.transpose ? p.shape[1] : p.shape[0];
       const int64_t n = rows * cols;
       check(row + rows <= dst.size(0) && (p.flat || p.transpose || (p.shape.size() == 1 ? 1 : p.shape[1]) == cols),
-            "internal: ", type, " rule for ", r.param, " does not fit ", shape_of(dst.shape()));
+            "internal: ", type, " rule for ", r.param, " does not fit ", shape_str(dst.shape()));
       if (!p.transpose) {
         ck.read(p.name, out + row * cols);  // straight into the parameter
       } else {
