@@ -12,14 +12,16 @@ PACKAGES=(
   libcli11-dev                # command line
   nlohmann-json3-dev          # config.json, safetensors headers, --json output
   python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
+  python3-sentencepiece       # the Hugging Face tokenizer parity test (SentencePiece's own encoding)
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
+  libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
   clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
   libomp-16-dev               # ... and clang's OpenMP runtime, which they link
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)
   bible-kjv                   # English prose for language models (the King James Bible)
 )
-# The GPT-2 tokenizer parity test runs OpenAI's encoder from npm: Debian's nodejs and npm,
+# The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm: Debian's nodejs and npm,
 # unless the machine already has both.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 

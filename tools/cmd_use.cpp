@@ -74,8 +74,11 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
         command, " needs a ", task_name(want), " model");
   Model m = load_model(dir);
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
-  check(tok->vocab_size() == m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
-        tok->vocab_size(), ") does not match config.json's vocab_size (", m.config().vocab_size, ")");
+  // a Hugging Face model's embedding table may have rows no token uses (padded to a multiple of 64)
+  const bool hf = !fs::exists(dir + "/task.json") && is_hf_model_dir(dir);
+  check(hf ? tok->vocab_size() <= m.config().vocab_size : tok->vocab_size() == m.config().vocab_size, "--model ", dir,
+        ": the tokenizer's vocabulary (", tok->vocab_size(), ") does not match config.json's vocab_size (",
+        m.config().vocab_size, ")");
   check(info.task != Task::Classify || static_cast<int64_t>(info.labels.size()) == m.config().num_classes, "--model ",
         dir, ": task.json lists ", info.labels.size(), " labels, but config.json's num_classes is ",
         m.config().num_classes);
@@ -226,13 +229,16 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
   const int32_t eos = L.tok->eos_id();
   const ModelConfig& mc = L.model.config();
   d.check_map(mc.n_decoder_layers, mc.n_heads);
-  // ids <- each line's tokens + eos; lines with no tokens stay empty and are not decoded
+  // ids <- each line's tokens + eos (or the tokenizer's own special tokens: Marian's </s>);
+  // lines with no tokens stay empty and are not decoded
   std::vector<std::vector<int32_t>> ids(sources.size());
   std::vector<size_t> todo;
+  const bool own_specials = !L.tok->with_special_tokens({}).empty();
   for (size_t i = 0; i < sources.size(); ++i) {
     ids[i] = L.tok->encode(sources[i]);
     if (ids[i].empty()) continue;
-    ids[i].push_back(eos);
+    if (own_specials) ids[i] = L.tok->with_special_tokens(ids[i]);
+    else ids[i].push_back(eos);
     todo.push_back(i);
   }
   int64_t cut = 0, cut_at = 0;  // translations stopped by the learned positions, not by eos
@@ -356,8 +362,12 @@ Runner add_generate(CLI::App& app) {
     const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
     const ModelConfig& mc = L.model.config();
     o->d.check_map(mc.n_layers, mc.n_heads);
-    std::vector<int32_t> prompt = L.tok->encode(checked_text(o->prompt, "--prompt"));
-    if (prompt.empty() || L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
+    // the prompt as the model reads it: a Hugging Face tokenizer's special tokens (Llama's <s>);
+    // qkv's GPT-2 models learned text after <|endoftext|>; an empty prompt starts from bos
+    std::vector<int32_t> prompt = encode_input(*L.tok, checked_text(o->prompt, "--prompt"));
+    if (L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
+    if (prompt.empty()) prompt.push_back(L.tok->bos_id() >= 0 ? L.tok->bos_id() : L.tok->eos_id());
+    check(prompt.front() >= 0, "--model ", o->model, ": the tokenizer has no token to start an empty prompt with");
     const int64_t want = o->d.max_len > 0 ? o->d.max_len : 100;
     int64_t max_new = want;
     if (mc.positional == Positional::Learned) {
@@ -409,8 +419,7 @@ Runner add_classify(CLI::App& app) {
   return [o] {
     const Loaded L = load_model_dir(o->model, Task::Classify, "classify");
     for (const std::string& line : input_lines(o->input)) {
-      std::vector<int32_t> ids = L.tok->encode(line);
-      if (static_cast<int64_t>(ids.size()) > L.info.max_len) ids.resize(static_cast<size_t>(L.info.max_len));
+      std::vector<int32_t> ids = encode_input(*L.tok, line, L.info.max_len);
       if (ids.empty()) ids.push_back(L.tok->eos_id());
       Batch b;
       b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
@@ -427,6 +436,94 @@ Runner add_classify(CLI::App& app) {
       double s = 0;
       for (int64_t k = 0; k < C; ++k) s += std::exp(static_cast<double>(p[k] - p[best]));
       std::printf("%s\t%.3f\t%s\n", L.info.labels.at(static_cast<size_t>(best)).c_str(), 1.0 / s, line.c_str());
+    }
+    return 0;
+  };
+}
+
+Runner add_fill_mask(CLI::App& app) {
+  struct O {
+    std::string model, text;
+    int64_t top_k = 5;
+    bool json = false;
+  };
+  auto o = std::make_shared<O>();
+  CLI::App* c = app.add_subcommand(
+      "fill-mask", "The most probable tokens for each mask token of a text, with a masked-language model (BERT)");
+  c->add_option("--model", o->model, "A masked-language model: a Hugging Face BertForMaskedLM folder, or qkv's encoder-mlm")
+      ->required();
+  c->add_option("--text", o->text, "The text, with the tokenizer's mask token ([MASK]) (default: standard input, line by line)");
+  c->add_option("--top-k", o->top_k, "Tokens to show per mask (default 5)")->transform(whole(1, 1000));
+  c->add_flag("--json", o->json, "One JSON object per text: for each mask, the tokens with id, logit and probability");
+  return [o] {
+    check(fs::is_directory(o->model), "--model ", o->model, ": not a directory");
+    const Model m = load_model(o->model);
+    const ModelConfig& mc = m.config();
+    check(mc.arch == Arch::EncoderMLM, "--model ", o->model, ": a ", arch_name(mc.arch),
+          " model; fill-mask needs a masked-language model (encoder-mlm: BertForMaskedLM)");
+    const std::unique_ptr<Tokenizer> tok = load_tokenizer(o->model);
+    check(tok->vocab_size() <= mc.vocab_size, "--model ", o->model, ": the tokenizer's vocabulary (", tok->vocab_size(),
+          ") is larger than config.json's vocab_size (", mc.vocab_size, ")");
+    const int32_t mask = tok->mask_id();
+    check(mask >= 0, "--model ", o->model, ": the tokenizer has no mask token (expected [MASK] or a mask_token in "
+          "tokenizer_config.json)");
+    std::vector<std::string> lines;
+    if (!o->text.empty()) lines.push_back(checked_text(o->text, "--text"));
+    else lines = input_lines("");
+    const int64_t limit = mc.positional == Positional::Learned ? mc.max_len : 0;
+    for (const std::string& line : lines) {
+      const std::vector<int32_t> ids = encode_input(*tok, line, limit);
+      std::vector<size_t> at;
+      for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] == mask) at.push_back(i);
+      check(!at.empty(), "'", line, "': no mask token ", tok->piece(mask), " in the text",
+            limit > 0 ? detail::concat(" (or not within the model's ", limit, " positions)") : std::string());
+      Batch b;
+      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
+      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
+      Tape tape;
+      tape.recording = false;
+      const Tensor z = m.logits(tape, b)->value;  // (1, T, V)
+      const int64_t V = z.size(-1), K = std::min<int64_t>(o->top_k, V);
+      nlohmann::json masks = nlohmann::json::array();
+      if (!o->json) std::printf("%s\n", line.c_str());
+      for (size_t k = 0; k < at.size(); ++k) {
+        const float* row = z.data<float>() + static_cast<int64_t>(at[k]) * V;
+        // p <- softmax(row), max subtracted first; the K most probable, by logit then id
+        double mx = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) {
+          check(std::isfinite(row[v]), "--model ", o->model, ": the model's logits are not finite (token ", v, " is ",
+                row[v], "): its weights hold NaN or infinity, or its activations overflow");
+          mx = std::max(mx, static_cast<double>(row[v]));
+        }
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+        std::vector<int32_t> best(static_cast<size_t>(V));
+        for (int64_t v = 0; v < V; ++v) best[static_cast<size_t>(v)] = static_cast<int32_t>(v);
+        std::partial_sort(best.begin(), best.begin() + K, best.end(),
+                          [&](int32_t a, int32_t b2) { return row[a] != row[b2] ? row[a] > row[b2] : a < b2; });
+        nlohmann::json cands = nlohmann::json::array();
+        if (!o->json && at.size() > 1) std::printf("  mask %zu of %zu (token %zu):\n", k + 1, at.size(), at[k]);
+        for (int64_t r = 0; r < K; ++r) {
+          const int32_t id = best[static_cast<size_t>(r)];
+          const double p = std::exp(static_cast<double>(row[id]) - mx) / sum;
+          // the token as text, and the text with this mask filled (as the pipeline shows them)
+          const std::string word = id < tok->vocab_size() ? tok->decode({id}) : "<id " + std::to_string(id) + ">";
+          std::vector<int32_t> filled = ids;
+          filled[at[k]] = id < tok->vocab_size() ? id : mask;
+          const std::string seq = tok->decode(filled);
+          if (o->json) {
+            cands.push_back({{"id", id}, {"token", word}, {"logit", row[id]}, {"prob", p}, {"sequence", seq}});
+          } else {
+            std::printf("  %2lld  %.4f  %-16s  %s\n", static_cast<long long>(r + 1), p, word.c_str(), seq.c_str());
+          }
+        }
+        masks.push_back({{"position", at[k]}, {"top", cands}});
+      }
+      if (o->json) {
+        const nlohmann::json j = {{"text", line}, {"ids", ids}, {"masks", masks}};
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      }
     }
     return 0;
   };
@@ -522,14 +619,22 @@ Runner add_eval(CLI::App& app) {
 Runner add_tokenize(CLI::App& app) {
   struct O {
     std::string model, text;
-    bool ids_only = false;
+    bool ids_only = false, special = false, json = false;
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand("tokenize", "Show how a model's tokenizer splits text: id and piece per token");
-  c->add_option("--model", o->model, "A model (or tokenizer) directory with qkv_tokenizer.json")->required();
+  c->add_option("--model", o->model,
+                "A model or tokenizer directory: qkv's (qkv_tokenizer.json) or a Hugging Face folder")
+      ->required();
   c->add_option("--text", o->text, "The text (default: standard input, line by line)");
   c->add_flag("--ids", o->ids_only, "Print only the ids, space-separated");
+  c->add_flag("--special", o->special,
+              "Add the special tokens the tokenizer puts around a model's input ([CLS] ... [SEP], <s> ...)");
+  c->add_flag("--json", o->json,
+              "JSON Lines: each input line a JSON string (so texts may hold newlines); each output line "
+              "{\"ids\", \"pieces\", \"decoded\"}, the ids decoded back to text");
   return [o] {
+    check(!(o->ids_only && o->json), "--ids and --json exclude each other");
     const std::unique_ptr<Tokenizer> tok = load_tokenizer(o->model);
     std::vector<std::string> lines;
     if (!o->text.empty()) {
@@ -537,8 +642,27 @@ Runner add_tokenize(CLI::App& app) {
     } else {
       lines = input_lines("");
     }
+    if (o->json && o->text.empty()) {
+      for (size_t i = 0; i < lines.size(); ++i) {
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(lines[i]);
+        } catch (const nlohmann::json::exception& e) {
+          fail("standard input, line ", i + 1, ": not JSON (", e.what(), "); --json reads one JSON string per line");
+        }
+        check(j.is_string(), "standard input, line ", i + 1, ": ", j.type_name(),
+              " (--json reads one JSON string per line)");
+        lines[i] = checked_text(j.get<std::string>(), "--json input");
+      }
+    }
     for (const std::string& l : lines) {
-      const std::vector<int32_t> ids = tok->encode(l);
+      std::vector<int32_t> ids = tok->encode(l);
+      if (o->special) ids = tok->with_special_tokens(ids);
+      if (o->json) {
+        nlohmann::json j = {{"ids", ids}, {"pieces", pieces(*tok, ids)}, {"decoded", tok->decode(ids)}};
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        continue;
+      }
       if (o->ids_only) {
         for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? " " : "", ids[i]);
         std::printf("\n");

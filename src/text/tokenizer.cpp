@@ -236,6 +236,17 @@ std::string utf8_replace_invalid(std::string_view bytes) {
 // ---------------------------------------------------------------------------------------------
 // Construction and loading
 
+std::vector<int32_t> encode_input(const Tokenizer& tok, std::string_view text, int64_t max_len) {
+  std::vector<int32_t> ids = tok.encode(text);
+  if (max_len > 0) {
+    const auto specials = static_cast<int64_t>(tok.with_special_tokens({}).size());
+    check(specials < max_len, "the tokenizer's ", specials, " special tokens leave no room for text in ", max_len,
+          " positions");
+    if (static_cast<int64_t>(ids.size()) > max_len - specials) ids.resize(static_cast<size_t>(max_len - specials));
+  }
+  return tok.with_special_tokens(ids);
+}
+
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& vocab_bpe) {
@@ -258,6 +269,30 @@ bool is_hf_tokenizer_json(const std::string& file) {
     return false;  // not JSON: qkv's reader names what is wrong
   }
 }
+
+bool exists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+// A Hugging Face folder's tokenizer (see load_tokenizer), or nullptr when it has none.
+std::unique_ptr<Tokenizer> load_hf_folder_tokenizer(const std::string& dir) {
+  const auto at = [&](const char* name) { return join(dir, name); };
+  if (exists(at("tokenizer.json")) && is_hf_tokenizer_json(at("tokenizer.json"))) return load_hf_tokenizer(dir);
+  if (exists(at("source.spm")) && exists(at("target.spm")) && exists(at("vocab.json"))) {
+    if (exists(at("tokenizer_config.json"))) {
+      const Json c = detail::parse_json_object(read_file(at("tokenizer_config.json"), "tokenizer_config.json"),
+                                               at("tokenizer_config.json"));
+      check(!(c.contains("separate_vocabs") && c["separate_vocabs"] == true), at("tokenizer_config.json"),
+            ": \"separate_vocabs\": true (a Marian model with a second, target vocabulary) is not supported");
+    }
+    return load_marian_tokenizer(dir);
+  }
+  if (exists(at("vocab.json")) && exists(at("merges.txt"))) return load_gpt2_tokenizer(at("vocab.json"), at("merges.txt"));
+  if (exists(at("tokenizer.model"))) return load_sentencepiece(at("tokenizer.model"));
+  if (exists(at("vocab.txt"))) return load_wordpiece_vocab(dir);
+  return nullptr;
+}
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
@@ -269,32 +304,23 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   if (!std::filesystem::is_directory(status))
     fail(dir, ": not a directory (expected a tokenizer directory holding ", kTokenizerFile, ")");
   std::string file = join(dir, kTokenizerFile);
-  const bool legacy = !std::filesystem::exists(file, ec);
+  const bool legacy = !exists(file);
   if (legacy) {
     file = join(dir, "tokenizer.json");
-    // A Hugging Face folder's slow-tokenizer files, which qkv reads exactly: GPT-2's vocab.json +
-    // merges.txt (OpenAI's encoder.json + vocab.bpe under other names), or a SentencePiece
-    // tokenizer.model (Llama-2, TinyLlama).
-    const bool hf_json = std::filesystem::exists(file, ec) && is_hf_tokenizer_json(file);
-    if (!std::filesystem::exists(file, ec) || hf_json) {
-      const std::string vocab = join(dir, "vocab.json"), merges = join(dir, "merges.txt"), spm = join(dir, "tokenizer.model");
-      if (std::filesystem::exists(vocab, ec) && std::filesystem::exists(merges, ec)) return load_gpt2_tokenizer(vocab, merges);
-      if (std::filesystem::exists(spm, ec)) return load_sentencepiece(spm);
-    }
-    if (hf_json)
-      fail(file, ": is a Hugging Face tokenizer.json (the tokenizers library's format), which qkv does not read yet, "
-                 "and the folder has no vocab.json + merges.txt or tokenizer.model; give --tokenizer a qkv tokenizer "
-                 "(byte, gpt2:DIR, a SentencePiece .model)");
-    if (!std::filesystem::exists(file, ec))
+    if (!exists(file) || is_hf_tokenizer_json(file)) {
+      if (auto tok = load_hf_folder_tokenizer(dir)) return tok;
       fail(join(dir, kTokenizerFile), ": no such file (expected ", kTokenizerFile,
-           " in the tokenizer directory, or a Hugging Face folder's vocab.json + merges.txt or tokenizer.model)");
+           " in the tokenizer directory, or a Hugging Face folder's tokenizer.json, source.spm + target.spm + "
+           "vocab.json, vocab.json + merges.txt, tokenizer.model or vocab.txt)");
+    }
   }
   const Json j = detail::parse_json_object(read_file(file, legacy ? "tokenizer.json" : kTokenizerFile), file);
 
   // "type" chooses the kind; each kind's other keys name its files.
+  constexpr char kTypes[] = "\"byte\", \"gpt2\", \"sentencepiece\", \"hf\" or \"marian\"";
   const auto t = j.find("type");
-  if (t == j.end()) fail(file, ": missing \"type\" (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
-  if (!t->is_string()) fail(file, ": \"type\" is ", t->type_name(), " (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
+  if (t == j.end()) fail(file, ": missing \"type\" (expected ", kTypes, ")");
+  if (!t->is_string()) fail(file, ": \"type\" is ", t->type_name(), " (expected ", kTypes, ")");
   const std::string type = t->get<std::string>();
   if (type == "byte") {
     only_keys(j, {"type"}, type, file);
@@ -308,7 +334,22 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
     only_keys(j, {"type", "model"}, type, file);
     return load_sentencepiece(join(dir, file_field(j, "model", file)));
   }
-  fail(file, ": unknown tokenizer type \"", type, "\" (expected \"byte\", \"gpt2\" or \"sentencepiece\")");
+  if (type == "hf") {
+    only_keys(j, {"type", "file", "config"}, type, file);
+    const std::string tj = join(dir, file_field(j, "file", file));
+    std::string config_name = join(dir, "tokenizer_config.json"), config;
+    if (j.contains("config")) {
+      config_name = join(dir, file_field(j, "config", file));
+      config = read_file(config_name, "tokenizer_config.json");
+    }
+    return parse_hf_tokenizer(read_file(tj, "tokenizer.json"), tj, config, config_name);
+  }
+  if (type == "marian") {
+    only_keys(j, {"type", "source", "target", "vocab"}, type, file);
+    return load_marian_tokenizer(dir, file_field(j, "source", file), file_field(j, "target", file),
+                                 file_field(j, "vocab", file));
+  }
+  fail(file, ": unknown tokenizer type \"", type, "\" (expected ", kTypes, ")");
 }
 
 }  // namespace qkv
