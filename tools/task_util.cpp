@@ -118,8 +118,11 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
     case Task::LanguageModel: {
       std::vector<int32_t> stream;
       for (const std::string& line : d.lines) {
-        const std::vector<int32_t> ids = tok.with_special_tokens(tok.encode(line));  // Llama: <s> first
-        stream.insert(stream.end(), ids.begin(), ids.end());
+        // the line as the model reads it (Llama: <s> first), then eos; an eos that the special
+        // tokens would repeat right after the last line's is given once
+        const std::vector<int32_t> ids = tok.with_special_tokens(tok.encode(line));
+        const size_t skip = !ids.empty() && !stream.empty() && ids[0] == eos && stream.back() == eos ? 1 : 0;
+        stream.insert(stream.end(), ids.begin() + static_cast<std::ptrdiff_t>(skip), ids.end());
         stream.push_back(eos);
       }
       const int64_t n = static_cast<int64_t>(stream.size());

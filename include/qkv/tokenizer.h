@@ -67,6 +67,13 @@ class Tokenizer {
   // Writes qkv_tokenizer.json and the kind's own files into the existing directory `dir`, each
   // atomically; qkv_tokenizer.json last, so it never names a file that is not yet complete.
   virtual void save(const std::string& dir) const = 0;
+  // Writes the tokenizer as Hugging Face's files into the existing directory `dir`, each
+  // atomically: tokenizer.json (a fast tokenizer giving the same ids as this one; see
+  // docs/formats.md for the few texts where a kind's conversion differs) and
+  // tokenizer_config.json naming the special tokens, plus the kind's slow files (GPT-2's
+  // vocab.json + merges.txt, a SentencePiece tokenizer.model, Marian's three files). Returns
+  // the file names written.
+  virtual std::vector<std::string> save_hf(const std::string& dir) const = 0;
 };
 
 // What a model reads for `text`: its tokens with the tokenizer's special tokens around them

@@ -24,6 +24,7 @@
 #include "qkv/files.h"
 #include "qkv/npy.h"
 #include "qkv/tokenizer.h"
+#include "text/hf_export.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -179,7 +180,14 @@ std::string printable(std::string_view s, size_t max_len = 40) {
   return out;
 }
 
-// Token bytes spelled in the byte alphabet, as encoder.json writes them.
+// Token bytes spelled in the byte alphabet, as encoder.json writes them, whole.
+std::string spelled_full(std::string_view bytes) {
+  std::string out;
+  for (unsigned char b : bytes) append_utf8(out, alphabet().to_cp[b]);
+  return out;
+}
+
+// ... and shortened for a message.
 std::string spelled(std::string_view bytes) {
   std::string out;
   for (unsigned char b : bytes) append_utf8(out, alphabet().to_cp[b]);
@@ -314,6 +322,42 @@ class Gpt2Tokenizer final : public Tokenizer {
       }
     }
     return out;
+  }
+
+  // vocab.json + merges.txt are OpenAI's two files under Hugging Face's names; tokenizer.json is
+  // GPT-2's fast tokenizer over them (ByteLevel, whose pattern reads \s as Oniguruma does:
+  // U+0085 and U+FEFF split otherwise than OpenAI's JavaScript regex, docs/formats.md), with
+  // <|endoftext|> put before a model's input: qkv's language models learn text after it.
+  std::vector<std::string> save_hf(const std::string& dir) const override {
+    const std::filesystem::path d(dir);
+    write_file_atomic((d / "vocab.json").string(), encoder_json_);
+    write_file_atomic((d / "merges.txt").string(), vocab_bpe_);
+    Json merges = Json::array();
+    std::vector<std::pair<int32_t, std::string>> ranked;
+    for (const auto& [key, m] : merges_) {
+      const auto a = static_cast<int32_t>(key >> 32), b = static_cast<int32_t>(key & 0xffffffffu);
+      ranked.emplace_back(m.rank, spelled_full(tokens_[static_cast<size_t>(a)]) + " " +
+                                      spelled_full(tokens_[static_cast<size_t>(b)]));
+    }
+    std::sort(ranked.begin(), ranked.end());
+    for (auto& [rank, line] : ranked) merges.push_back(std::move(line));
+    Json vocab = Json::object();
+    for (size_t id = 0; id < tokens_.size(); ++id) vocab[spelled_full(tokens_[id])] = id;
+    const Json bpe = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                      {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
+                      {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}};
+    const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                             {"use_regex", true}};
+    const Json added = {text::hf_added_token(eot_, kEndOfText, true)};
+    const Json eot = {{"SpecialToken", {{"id", kEndOfText}, {"type_id", 0}}}};
+    const Json post = {{"type", "TemplateProcessing"},
+                       {"single", {eot, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+                       {"pair", {eot, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, eot, {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+                       {"special_tokens", {{kEndOfText, {{"id", kEndOfText}, {"ids", {eot_}}, {"tokens", {kEndOfText}}}}}}};
+    write_file_atomic((d / "tokenizer.json").string(),
+                      text::hf_tokenizer_file(bpe, added, nullptr, byte_level, byte_level, post));
+    write_file_atomic((d / "tokenizer_config.json").string(), text::hf_tokenizer_config(*this));
+    return {"vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json"};
   }
 
   void save(const std::string& dir) const override {

@@ -40,6 +40,7 @@
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/tokenizer.h"
+#include "text/hf_export.h"
 #include "text/unicode.h"
 
 namespace qkv {
@@ -1539,6 +1540,14 @@ class HfTokenizer final : public Tokenizer {
     return t != nullptr ? *t : "<unused " + std::to_string(id) + ">";
   }
 
+  std::vector<std::string> save_hf(const std::string& dir) const override {
+    const std::filesystem::path d(dir);
+    write_file_atomic((d / "tokenizer.json").string(), json_);
+    write_file_atomic((d / "tokenizer_config.json").string(),
+                      config_.empty() ? text::hf_tokenizer_config(*this) : config_);
+    return {"tokenizer.json", "tokenizer_config.json"};
+  }
+
   void save(const std::string& dir) const override {
     const std::filesystem::path d(dir);
     write_file_atomic((d / "tokenizer.json").string(), json_);
@@ -1694,6 +1703,34 @@ class HfTokenizer final : public Tokenizer {
 };
 
 }  // namespace
+
+namespace text {
+
+Json hf_added_token(int32_t id, const std::string& content, bool special) {
+  return {{"id", id},          {"content", content}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false},   {"normalized", !special}, {"special", special}};
+}
+
+std::string hf_tokenizer_config(const Tokenizer& tok) {
+  Json c = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"clean_up_tokenization_spaces", false}};
+  const auto name = [&](const char* key, int32_t id) {
+    if (id >= 0) c[key] = tok.piece(id);
+  };
+  name("bos_token", tok.bos_id());
+  name("eos_token", tok.eos_id());
+  name("pad_token", tok.pad_id());
+  name("mask_token", tok.mask_id());
+  return c.dump(2) + "\n";
+}
+
+std::string hf_tokenizer_file(Json model, Json added, Json normalizer, Json pre, Json decoder, Json post) {
+  const Json j = {{"version", "1.0"},       {"truncation", nullptr}, {"padding", nullptr},
+                  {"added_tokens", added},  {"normalizer", normalizer}, {"pre_tokenizer", pre},
+                  {"post_processor", post}, {"decoder", decoder},     {"model", model}};
+  return j.dump(-1, ' ', false) + "\n";
+}
+
+}  // namespace text
 
 std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& json_bytes, const std::string& name,
                                               const std::string& config_bytes, const std::string& config_name) {

@@ -16,6 +16,7 @@
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/tokenizer.h"
+#include "text/hf_export.h"
 
 namespace qkv {
 
@@ -39,6 +40,14 @@ std::string status_text(const sentencepiece::util::Status& st, const char* if_em
   while (!m.empty() && (m.back() == ' ' || m.back() == '\n')) m.pop_back();
   return m.empty() ? if_empty : m;
 }
+
+// What tokenizer.json needs of a ModelProto besides its pieces (read by read_spec, below).
+struct SpmSpec {
+  int model_type = 1;  // TrainerSpec.model_type: 1 unigram, 2 BPE, 3 word, 4 char
+  bool byte_fallback = false, add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
+  std::string normalizer_name, charsmap;
+};
+SpmSpec read_spec(std::string_view bytes, const std::string& name);
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
@@ -73,6 +82,66 @@ class SentencePieceTokenizer final : public Tokenizer {
   std::string piece(int32_t id) const override {
     check(id >= 0 && id < vocab_size(), "SentencePiece tokenizer: piece id ", id, " is outside [0, ", vocab_size(), ")");
     return sp_->IdToPiece(id);
+  }
+
+  // tokenizer.model, and tokenizer.json as Hugging Face's converters write a SentencePiece model
+  // with identity normalisation (the Llama-2 form): Prepend "▁" (the dummy prefix) and spaces as
+  // "▁", the pieces as a Unigram model or as BPE with merges from the pieces, byte fallback, the
+  // control and unknown pieces as special tokens. A model with any other normalisation gets
+  // tokenizer.model alone: its normalisation rules have no exact tokenizer.json form here.
+  std::vector<std::string> save_hf(const std::string& dir) const override {
+    const std::filesystem::path d(dir);
+    const std::string proto = sp_->serialized_model_proto();
+    write_file_atomic((d / "tokenizer.model").string(), proto);
+    write_file_atomic((d / "tokenizer_config.json").string(), text::hf_tokenizer_config(*this));
+    const SpmSpec spec = read_spec(proto, "tokenizer.model");
+    if (!spec.charsmap.empty() || spec.remove_extra_whitespaces || !spec.escape_whitespaces ||
+        (spec.model_type != 1 && spec.model_type != 2))
+      return {"tokenizer.model", "tokenizer_config.json"};
+    const int n = sp_->GetPieceSize();
+    Json added = Json::array();
+    for (int i = 0; i < n; ++i)
+      if (sp_->IsControl(i) || sp_->IsUnknown(i)) added.push_back(text::hf_added_token(i, sp_->IdToPiece(i), true));
+    Json model;
+    if (spec.model_type == 1) {
+      Json vocab = Json::array();
+      for (int i = 0; i < n; ++i) vocab.push_back({sp_->IdToPiece(i), sp_->GetScore(i)});
+      model = {{"type", "Unigram"}, {"unk_id", sp_->unk_id()}, {"vocab", vocab}, {"byte_fallback", spec.byte_fallback}};
+    } else {
+      // merges: every split of a normal piece into two pieces, the merged piece's score first
+      // (higher merges earlier, as SentencePiece's BPE picks), then the halves' ids
+      Json vocab = Json::object();
+      std::unordered_map<std::string, int> id;
+      for (int i = 0; i < n; ++i) vocab[sp_->IdToPiece(i)] = i, id[sp_->IdToPiece(i)] = i;
+      std::vector<std::tuple<float, int, int, int>> ranked;  // (-score, a, b, merged)
+      for (int i = 0; i < n; ++i) {
+        if (sp_->IsControl(i) || sp_->IsUnknown(i) || sp_->IsByte(i) || sp_->IsUnused(i)) continue;
+        const std::string p = sp_->IdToPiece(i);
+        for (size_t k = 1; k < p.size(); ++k) {
+          if ((static_cast<unsigned char>(p[k]) & 0xc0) == 0x80) continue;  // inside a character
+          const auto a = id.find(p.substr(0, k)), b = id.find(p.substr(k));
+          if (a != id.end() && b != id.end()) ranked.emplace_back(-sp_->GetScore(i), a->second, b->second, i);
+        }
+      }
+      std::sort(ranked.begin(), ranked.end());
+      Json merges = Json::array();
+      for (const auto& [score, a, b, m] : ranked) merges.push_back({sp_->IdToPiece(a), sp_->IdToPiece(b)});
+      model = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", sp_->IdToPiece(sp_->unk_id())},
+               {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", true},
+               {"byte_fallback", spec.byte_fallback}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", merges}};
+    }
+    Json norms = Json::array();
+    if (spec.add_dummy_prefix) norms.push_back({{"type", "Prepend"}, {"prepend", "\u2581"}});
+    norms.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}});
+    const Json decoder = {{"type", "Sequence"},
+                          {"decoders",
+                           {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                            {{"type", "ByteFallback"}},
+                            {{"type", "Fuse"}},
+                            {{"type", "Strip"}, {"content", " "}, {"start", spec.add_dummy_prefix ? 1 : 0}, {"stop", 0}}}}};
+    write_file_atomic((d / "tokenizer.json").string(),
+                      text::hf_tokenizer_file(model, added, {{"type", "Sequence"}, {"normalizers", norms}}, nullptr, decoder));
+    return {"tokenizer.model", "tokenizer.json", "tokenizer_config.json"};
   }
 
   void save(const std::string& dir) const override {
@@ -124,6 +193,8 @@ class WireReader {
     if (field == 0 || (wire_type != 0 && wire_type != 1 && wire_type != 2 && wire_type != 5))
       bad(detail::concat("field ", field, " has wire type ", wire_type));
   }
+  // The value of a varint field (wire type 0), after key().
+  uint64_t varint_value() { return varint(); }
   // The value of a field of `wire_type`: a length-delimited field's bytes, else "".
   std::string_view value(int wire_type) {
     if (wire_type == 0) {
@@ -276,6 +347,39 @@ void check_model(std::string_view bytes, const std::string& name) {
   check_charsmap(maps[1], "denormalisation", name);
 }
 
+SpmSpec read_spec(std::string_view bytes, const std::string& name) {
+  SpmSpec spec;
+  WireReader top(bytes, name);
+  while (!top.done()) {
+    uint64_t field;
+    int type;
+    top.key(field, type);
+    const std::string_view v = top.value(type);
+    if (type != 2 || (field != 2 && field != 3)) continue;
+    // TrainerSpec (2): model_type 3, byte_fallback 35; NormalizerSpec (3): name 1,
+    // precompiled_charsmap 2, add_dummy_prefix 3, remove_extra_whitespaces 4, escape_whitespaces 5
+    WireReader sub(v, name);
+    while (!sub.done()) {
+      uint64_t f;
+      int t;
+      sub.key(f, t);
+      if (t != 0) {
+        const std::string_view y = sub.value(t);
+        if (field == 3 && t == 2 && f == 1) spec.normalizer_name = std::string(y);
+        if (field == 3 && t == 2 && f == 2) spec.charsmap = std::string(y);
+        continue;
+      }
+      const uint64_t x = sub.varint_value();
+      if (field == 2 && f == 3) spec.model_type = static_cast<int>(x);
+      if (field == 2 && f == 35) spec.byte_fallback = x != 0;
+      if (field == 3 && f == 3) spec.add_dummy_prefix = x != 0;
+      if (field == 3 && f == 4) spec.remove_extra_whitespaces = x != 0;
+      if (field == 3 && f == 5) spec.escape_whitespaces = x != 0;
+    }
+  }
+  return spec;
+}
+
 // A SentencePiece processor from a serialized ModelProto, checked first (check_model).
 std::unique_ptr<sentencepiece::SentencePieceProcessor> load_processor(const std::string& model_proto,
                                                                       const std::string& name) {
@@ -369,6 +473,17 @@ class MarianTokenizer final : public Tokenizer {
     check(id >= 0 && id < vocab_size_, "Marian tokenizer: piece id ", id, " is outside [0, ", vocab_size_, ")");
     const auto it = pieces_.find(id);
     return it == pieces_.end() ? "<unused " + std::to_string(id) + ">" : it->second;
+  }
+
+  std::vector<std::string> save_hf(const std::string& dir) const override {
+    const std::filesystem::path d(dir);
+    write_file_atomic((d / "source.spm").string(), source_bytes_);
+    write_file_atomic((d / "target.spm").string(), target_bytes_);
+    write_file_atomic((d / "vocab.json").string(), vocab_bytes_);
+    const Json c = {{"tokenizer_class", "MarianTokenizer"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
+                    {"pad_token", "<pad>"}, {"separate_vocabs", false}};
+    write_file_atomic((d / "tokenizer_config.json").string(), c.dump(2) + "\n");
+    return {"source.spm", "target.spm", "vocab.json", "tokenizer_config.json"};
   }
 
   void save(const std::string& dir) const override {

@@ -13,6 +13,7 @@
 #include "io/json_strict.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "text/hf_export.h"
 
 namespace qkv {
 
@@ -158,6 +159,26 @@ class ByteTokenizer final : public Tokenizer {
 
   void save(const std::string& dir) const override {
     write_file_atomic(join(dir, kTokenizerFile), Json{{"type", "byte"}}.dump(2) + "\n");
+  }
+
+  // A BPE without merges whose vocabulary is the 256 byte tokens <0xNN> (at 3 + byte) after
+  // <pad>, <s>, </s>: byte fallback turns every character into its bytes, the ids this gives.
+  std::vector<std::string> save_hf(const std::string& dir) const override {
+    Json vocab = {{"<pad>", kPad}, {"<s>", kBos}, {"</s>", kEos}};
+    for (int b = 0; b < 256; ++b) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+      vocab[buf] = kFirstByte + b;
+    }
+    const Json model = {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                        {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
+                        {"byte_fallback", true}, {"ignore_merges", false}, {"vocab", vocab}, {"merges", Json::array()}};
+    const Json added = {text::hf_added_token(kPad, "<pad>", true), text::hf_added_token(kBos, "<s>", true),
+                        text::hf_added_token(kEos, "</s>", true)};
+    const Json decoder = {{"type", "Sequence"}, {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+    write_file_atomic(join(dir, "tokenizer.json"), text::hf_tokenizer_file(model, added, nullptr, nullptr, decoder));
+    write_file_atomic(join(dir, "tokenizer_config.json"), text::hf_tokenizer_config(*this));
+    return {"tokenizer.json", "tokenizer_config.json"};
   }
 
  private:
