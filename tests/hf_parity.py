@@ -18,6 +18,11 @@ shards with model.safetensors.index.json; F32, F16 or BF16), and checks:
                parameter's gradient within 1e-3 of max|ref grad|, mapped back to HF's names;
   * decoding   `qkv forward --generate 6`: greedy tokens with qkv's key/value cache equal the
                reference's greedy decoding by full recomputation;
+  * commands   on folders with their tokenizers (GPT-2's tokenizer.json, Llama-2's with <s>
+               first, BERT's vocab.txt, Marian's source.spm + target.spm + vocab.json):
+               `qkv generate`, `qkv translate` (greedy) write the reference's greedy text;
+               `qkv fill-mask` the reference's top tokens and probabilities (1e-4 relative);
+               `qkv classify` the reference's label and probability;
   * bad folders: a missing shard, an index naming a tensor its shard lacks, a BF16 tensor of the
                wrong byte length, an unsupported model_type, a config key that changes the math
                (rope_scaling, scale_attn_by_inverse_layer_idx), a misshapen and a missing tensor:
@@ -501,6 +506,13 @@ class Checks:
                            timeout=600, env=env)
         return p.returncode, p.stdout, p.stderr
 
+    def run_input(self, args, stdin):
+        env = dict(os.environ)
+        env.setdefault("OMP_WAIT_POLICY", "passive")
+        p = subprocess.run([self.qkv, "--threads", "2"] + [str(a) for a in args], capture_output=True, text=True,
+                           timeout=600, env=env, input=stdin)
+        return p.returncode, p.stdout, p.stderr
+
     def report(self, ok, what, detail=""):
         if ok:
             self.passed += 1
@@ -729,6 +741,217 @@ def marian_case(ck, name, cfg, dtype="F32", seed=0):
               (got.tolist()[0], want.tolist()[0]))
 
 
+# ---- the commands on folders with their tokenizers -----------------------------------------------
+
+def byte_level_vocab():
+    """GPT-2-shaped byte-level BPE of 100 tokens + <|endoftext|> (100): the letters, "Ġ" and
+    "Ġ" + letter (merged from the two), then filler tokens that no text produces."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    toks = letters + ["\u0120"] + ["\u0120" + c for c in letters]
+    toks += ["q%d" % i for i in range(100 - len(toks))]
+    merges = ["\u0120 " + c for c in letters]
+    return {t: i for i, t in enumerate(toks)}, merges
+
+
+def metaspace_vocab():
+    """Llama-2-shaped: <unk> <s> </s>, "▁", the letters, "▁" + letter, fillers up to 97."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    toks = ["<unk>", "<s>", "</s>", "\u2581"] + letters + ["\u2581" + c for c in letters]
+    toks += ["Q%d" % i for i in range(97 - len(toks))]
+    return {t: i for i, t in enumerate(toks)}, [["\u2581", c] for c in letters]
+
+
+def write_tokenizer(folder, model, added, normalizer, pre, post, decoder, config):
+    tok = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": normalizer,
+           "pre_tokenizer": pre, "post_processor": post, "decoder": decoder, "model": model}
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False)
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def special(i, content):
+    return {"id": i, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+
+
+def generate_case(ck, name, family, cfg, prefix, seed):
+    work = os.path.join(ck.root, name)
+    folder = os.path.join(work, "hf")
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = gpt2_weights(cfg, g, prefix, False, False) if family == "gpt2" else llama_weights(cfg, g, prefix)
+    write_folder(folder, cfg, W)
+    if family == "gpt2":
+        vocab, merges = byte_level_vocab()
+        bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        write_tokenizer(folder, {"type": "BPE", "vocab": vocab, "merges": merges, "unk_token": None},
+                        [special(100, "<|endoftext|>")], None, bl, bl, bl,
+                        {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})
+        inv = {i: t for t, i in vocab.items()}
+        prompt = [vocab[c] for c in ["t", "h", "e", "\u0120c", "a", "t"]]  # "the cat": the, Ġc a t
+        fwd = lambda ids, lengths: gpt2_forward(W, cfg, ids, lengths, prefix)
+        decode = lambda ids: "".join(inv[i] for i in ids if i in inv).replace("\u0120", " ")
+    else:
+        vocab, merges = metaspace_vocab()
+        sA = {"Sequence": {"id": "A", "type_id": 0}}
+        write_tokenizer(folder, {"type": "BPE", "vocab": vocab, "merges": merges, "unk_token": "<unk>", "fuse_unk": True,
+                                 "byte_fallback": False},
+                        [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+                        {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"},
+                                                             {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+                        None,
+                        {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, sA],
+                         "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+                        {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+                                                          {"type": "ByteFallback"}, {"type": "Fuse"},
+                                                          {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+                        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
+        inv = {i: t for t, i in vocab.items()}
+        prompt = [1] + [vocab[t] for t in ["\u2581t", "h", "e", "\u2581c", "a", "t"]]  # <s> ▁t h e ▁c a t
+        fwd = lambda ids, lengths: llama_forward(W, cfg, ids, lengths, prefix)
+        decode = lambda ids: "".join(inv[i] for i in ids if i > 2).replace("\u2581", " ")[1:]
+    rc, out, err = ck.run(["tokenize", "--model", folder, "--text", "the cat", "--special", "--ids"])
+    got_ids = [int(x) for x in out.split()] if rc == 0 else err.strip()
+    ck.report(got_ids == prompt, name + " tokenize", "%s vs %s" % (got_ids, prompt))
+    rc, out, err = ck.run(["generate", "--model", folder, "--prompt", "the cat", "--max-len", 8])
+    with torch.no_grad():
+        gen = greedy(fwd, torch.tensor([prompt]), 8)[0].tolist()
+    eos = cfg["eos_token_id"]
+    if eos in gen:
+        gen = gen[:gen.index(eos)]
+    want = decode(prompt + gen)
+    ck.report(rc == 0 and out.rstrip("\n") == want, name + " generate",
+              "qkv %r vs reference %r %s" % (out.rstrip("\n"), want, err.strip()[-200:] if rc else ""))
+
+
+def bert_vocab():
+    words = ["word%d" % i for i in range(78)]
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+
+
+def bert_text_case(ck, name, cfg, head, seed):
+    work = os.path.join(ck.root, name)
+    folder = os.path.join(work, "hf")
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = bert_weights(cfg, g, "bert.", head)
+    write_folder(folder, cfg, W)
+    vocab = bert_vocab()
+    with open(os.path.join(folder, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    idx = {t: i for i, t in enumerate(vocab)}
+    if head == "mlm":
+        text = "Word3 word7 [MASK] word12 . [MASK]"
+        ids = [2, idx["word3"], idx["word7"], 4, idx["word12"], 1, 4, 3]  # "." is not in the vocabulary: [UNK]
+        rc, out, err = ck.run(["fill-mask", "--model", folder, "--text", text, "--top-k", 5, "--json"])
+        if rc != 0:
+            ck.report(False, name + " fill-mask", err.strip())
+            return
+        res = json.loads(out)
+        ck.report(res["ids"] == ids, name + " fill-mask ids", "%s vs %s" % (res["ids"], ids))
+        with torch.no_grad():
+            logits = bert_forward(W, cfg, torch.tensor([ids]), [len(ids)], "bert.", "mlm")[0]
+        worst, same = 0.0, True
+        for m in res["masks"]:
+            p = torch.softmax(logits[m["position"]].double(), -1)
+            top = torch.topk(p, 5)
+            same &= [c["id"] for c in m["top"]] == top.indices.tolist()
+            for c, want in zip(m["top"], top.values.tolist()):
+                worst = max(worst, abs(c["prob"] - want) / want)
+        ck.report(len(res["masks"]) == 2 and same and worst <= LOGITS_TOL, name + " fill-mask",
+                  "2 masks: top-5 ids %s, worst probability error %.2e" % ("equal" if same else "differ", worst))
+        # refusals: no mask in the text, a bad --top-k, a model that is not a masked-language model
+        for args, needle in ((["--text", "word1 word2"], "no mask token [MASK]"),
+                             (["--text", "[MASK]", "--top-k", 0], "--top-k"),
+                             (["--text", "[MASK]", "--top-k", "nan"], "--top-k")):
+            rc, out, err = ck.run(["fill-mask", "--model", folder] + args)
+            ck.report(rc == 2 and needle in err, name + " fill-mask refuses " + " ".join(map(str, args)), err.strip())
+    else:
+        lines = ["word3 word5 word9", "Word70 word1", ""]
+        rc, out, err = ck.run_input(["classify", "--model", folder], "\n".join(lines) + "\n")
+        if rc != 0:
+            ck.report(False, name + " classify", err.strip())
+            return
+        rows = [l.split("\t") for l in out.rstrip("\n").split("\n")]
+        ok = len(rows) == len(lines)
+        for line, row in zip(lines, rows):
+            ids = [2] + [idx[w.lower()] for w in line.split()] + [3]
+            with torch.no_grad():
+                p = torch.softmax(bert_forward(W, cfg, torch.tensor([ids]), [len(ids)], "bert.", "classifier")[0].double(), -1)
+            label = cfg["id2label"][str(int(p.argmax()))]
+            ok &= row[0] == label and abs(float(row[1]) - float(p.max())) < 1.5e-3
+        ck.report(ok, name + " classify", "qkv %s" % rows)
+        rc, out, err = ck.run(["fill-mask", "--model", folder, "--text", "[MASK]"])
+        ck.report(rc == 2 and "fill-mask needs a masked-language model" in err, name + " fill-mask refuses a classifier",
+                  err.strip())
+
+
+def marian_text_case(ck, name, cfg, seed):
+    import sentencepiece as spm
+    import io as _io
+    work = os.path.join(ck.root, name)
+    folder = os.path.join(work, "hf")
+    os.makedirs(work, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    W = marian_weights(cfg, g)
+    write_folder(folder, cfg, W)
+    corpus = ["the cat sat on the mat", "a dog ran to the cat", "das ist ein Haus", "der Hund sah die Katze"] * 30
+    models = []
+    for _ in range(2):
+        buf = _io.BytesIO()
+        spm.set_random_generator_seed(seed)
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buf, vocab_size=28,
+                                       model_type="unigram", unk_id=0, bos_id=-1, eos_id=1, pad_id=-1, minloglevel=2)
+        models.append(buf.getvalue())
+    src_sp, tgt_sp = (spm.SentencePieceProcessor(model_proto=m) for m in models)
+    vocab = {"</s>": 0, "<unk>": 1}
+    for sp in (src_sp, tgt_sp):
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)) and sp.id_to_piece(i) not in vocab:
+                vocab[sp.id_to_piece(i)] = len(vocab)
+    assert len(vocab) < cfg["pad_token_id"]
+    vocab["<pad>"] = cfg["pad_token_id"]
+    open(os.path.join(folder, "source.spm"), "wb").write(models[0])
+    open(os.path.join(folder, "target.spm"), "wb").write(models[1])
+    json.dump(vocab, open(os.path.join(folder, "vocab.json"), "w"))
+    inv = {i: p for p, i in vocab.items()}
+    line = "the cat sat on a mat"
+    src = [vocab.get(p, 1) for p in src_sp.encode(line, out_type=str)] + [0]
+    with torch.no_grad():
+        seq = torch.full((1, 1), cfg["decoder_start_token_id"])
+        for _ in range(8):
+            nxt = marian_forward(W, cfg, torch.tensor([src]), [len(src)], seq)[:, -1].argmax(-1)
+            seq = torch.cat([seq, nxt[:, None]], dim=1)
+            if int(nxt) == cfg["eos_token_id"]:
+                break
+    gen = seq[0, 1:].tolist()
+    if gen and gen[-1] == cfg["eos_token_id"]:
+        gen = gen[:-1]
+    want = tgt_sp.decode_pieces([inv[i] for i in gen if i not in (0, 1, cfg["pad_token_id"])]).replace("\u2581", " ").strip()
+    rc, out, err = ck.run_input(["translate", "--model", folder, "--beam", 1, "--max-len", 8], line + "\n")
+    ck.report(rc == 0 and out.rstrip("\n") == want, name + " translate",
+              "qkv %r vs reference %r %s" % (out.rstrip("\n"), want, err.strip()[-200:] if rc else ""))
+
+
+def finetune_case(ck, name, folder, task, data, use, max_len=32):
+    """qkv train --init FOLDER with the folder's own tokenizer; the run's directory then works with
+    `use` (a command reading stdin) and holds the tokenizer's files."""
+    out_dir = os.path.join(ck.root, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    data_file = os.path.join(ck.root, name + ".data")
+    with open(data_file, "w") as f:
+        f.write(data)
+    rc, out, err = ck.run(["train", "--task", task, "--init", folder, "--data", data_file, "--out", out_dir,
+                           "--steps", 4, "--max-len", max_len, "--seed", 1, "--test-fraction", 0])
+    ok = rc == 0 and "fine-tuning " + folder in err and os.path.exists(os.path.join(out_dir, "qkv_tokenizer.json"))
+    ck.report(ok, name + " train --init", (err.strip()[-300:] if not ok else out.strip().splitlines()[-1]))
+    if not ok:
+        return
+    rc, out, err = ck.run_input(use + ["--model", out_dir], data.splitlines()[0].split("\t")[-1] + "\n")
+    ck.report(rc == 0 and out.strip() != "", name + " " + use[0] + " after fine-tuning", (out + err).strip()[-200:])
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         data = f.read()
@@ -877,6 +1100,23 @@ def main():
               "decoder_start_token_id": 66, "share_encoder_decoder_embeddings": True, "dropout": 0.1,
               "static_position_embeddings": True}
     marian_case(ck, "marian_f32", marian, seed=8)
+    generate_case(ck, "gpt2_text", "gpt2", gpt2, "transformer.", seed=9)
+    generate_case(ck, "llama_text", "llama", llama, "model.", seed=10)
+    bert_text_case(ck, "bert_mlm_text", bert, "mlm", seed=11)
+    bert_text_case(ck, "bert_classifier_text", dict(bert, architectures=["BertForSequenceClassification"], num_labels=3,
+                                                    id2label={"0": "a", "1": "b", "2": "c"}), "classifier", seed=12)
+    marian_text_case(ck, "marian_text", marian, seed=13)
+    # fine-tuning those folders with their own tokenizers
+    words = ["word%d" % i for i in range(20)]
+    cls_data = "".join("%s\t%s %s\n" % ("abc"[i % 3], words[i % 20], words[(i * 7) % 20]) for i in range(60))
+    finetune_case(ck, "bert_finetune", os.path.join(ck.root, "bert_classifier_text", "hf"), "classify", cls_data,
+                  ["classify"], max_len=16)
+    tr_data = "".join("the cat sat on the mat %d\tder Hund sah die Katze %d\n" % (i, i) for i in range(40))
+    finetune_case(ck, "marian_finetune", os.path.join(ck.root, "marian_text", "hf"), "translate", tr_data,
+                  ["translate", "--beam", "2"])
+    lm_data = "".join("the cat sat on the mat and the dog ran\n" for _ in range(40))
+    finetune_case(ck, "llama_finetune", os.path.join(ck.root, "llama_text", "hf"), "lm", lm_data,
+                  ["tokenize", "--ids"])
     bad_folders(ck, gpt2, llama)
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.keep:

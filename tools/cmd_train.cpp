@@ -134,7 +134,8 @@ ModelConfig init_config(const Options& o, Task task, const ModelConfig& from, co
       }
       break;
   }
-  check(tok.vocab_size() == c.vocab_size, where, ": the tokenizer has ", tok.vocab_size(),
+  // a Hugging Face model's table may have rows no token uses (padded to a multiple of 64)
+  check(tok.vocab_size() <= c.vocab_size, where, ": the tokenizer has ", tok.vocab_size(),
         " tokens but the model's vocab_size is ", c.vocab_size,
         o.tokenizer.empty() ? " (the tokenizer came from the same directory)" : " (give the model's own tokenizer)");
   // padding must be ignored by the loss: the tokenizer's pad token when the model names none
@@ -386,7 +387,7 @@ int run(Options o) {
   check_positions(cfg, o.max_len, init_model ? "--init " + o.init
                                   : o.config.empty() ? "--preset " + o.preset
                                                      : "--config " + o.config);
-  check(!o.resume || tok->vocab_size() == cfg.vocab_size, o.out, "/qkv_tokenizer.json: the tokenizer's vocabulary (",
+  check(!o.resume || tok->vocab_size() <= cfg.vocab_size, o.out, "/qkv_tokenizer.json: the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
   check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
         labels.size(), " labels, but the model has ", cfg.num_classes, " classes");

@@ -75,10 +75,8 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   Model m = load_model(dir);
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
   // a Hugging Face model's embedding table may have rows no token uses (padded to a multiple of 64)
-  const bool hf = !fs::exists(dir + "/task.json") && is_hf_model_dir(dir);
-  check(hf ? tok->vocab_size() <= m.config().vocab_size : tok->vocab_size() == m.config().vocab_size, "--model ", dir,
-        ": the tokenizer's vocabulary (", tok->vocab_size(), ") does not match config.json's vocab_size (",
-        m.config().vocab_size, ")");
+  check(tok->vocab_size() <= m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
+        tok->vocab_size(), ") is larger than config.json's vocab_size (", m.config().vocab_size, ")");
   check(info.task != Task::Classify || static_cast<int64_t>(info.labels.size()) == m.config().num_classes, "--model ",
         dir, ": task.json lists ", info.labels.size(), " labels, but config.json's num_classes is ",
         m.config().num_classes);
@@ -459,8 +457,8 @@ Runner add_fill_mask(CLI::App& app) {
     check(fs::is_directory(o->model), "--model ", o->model, ": not a directory");
     const Model m = load_model(o->model);
     const ModelConfig& mc = m.config();
-    check(mc.arch == Arch::EncoderMLM, "--model ", o->model, ": a ", arch_name(mc.arch),
-          " model; fill-mask needs a masked-language model (encoder-mlm: BertForMaskedLM)");
+    check(mc.arch == Arch::EncoderMLM, "--model ", o->model, ": its architecture is ", arch_name(mc.arch),
+          "; fill-mask needs a masked-language model (encoder-mlm: BertForMaskedLM)");
     const std::unique_ptr<Tokenizer> tok = load_tokenizer(o->model);
     check(tok->vocab_size() <= mc.vocab_size, "--model ", o->model, ": the tokenizer's vocabulary (", tok->vocab_size(),
           ") is larger than config.json's vocab_size (", mc.vocab_size, ")");
