@@ -823,6 +823,11 @@ def generate_case(ck, name, family, cfg, prefix, seed):
     want = decode(prompt + gen)
     ck.report(rc == 0 and out.rstrip("\n") == want, name + " generate",
               "qkv %r vs reference %r %s" % (out.rstrip("\n"), want, err.strip()[-200:] if rc else ""))
+    if family == "llama":  # the benchmarks take a folder too (figures, not checked)
+        rc, out, err = ck.run(["bench", "decode", "--model", folder, "--prompt", 4, "--tokens", 4, "--reps", 1, "--json"])
+        ck.report(rc == 0 and json.loads(out)["tokens_per_s"] > 0, name + " bench decode --model", (out + err).strip()[-120:])
+        rc, out, err = ck.run(["bench", "train", "--model", folder, "--batch", 2, "--seq", 8, "--steps", 1, "--json"])
+        ck.report(rc == 0 and json.loads(out)["tokens_per_s"] > 0, name + " bench train --model", (out + err).strip()[-120:])
 
 
 def bert_vocab():

@@ -1,5 +1,7 @@
 #include "cli_checks.h"
 
+#include <filesystem>
+
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -101,6 +103,20 @@ CLI::Validator seed_number() {
         return parse_whole<uint64_t>(text, 0, std::numeric_limits<uint64_t>::max());
       },
       "in [0, 2^64 - 1]");
+}
+
+CLI::Validator preset_or_model_dir(std::vector<std::string> presets) {
+  std::string names;
+  for (const auto& p : presets) names += (names.empty() ? "" : ", ") + p;
+  return CLI::Validator(
+      [presets, names](std::string& v) -> std::string {
+        for (const auto& p : presets)
+          if (v == p) return "";
+        std::error_code ec;
+        if (std::filesystem::is_directory(v, ec) && std::filesystem::exists(v + "/config.json", ec)) return "";
+        return "'" + v + "' is neither a preset (" + names + ") nor a model directory (a directory with config.json)";
+      },
+      "PRESET|DIR");
 }
 
 }  // namespace qkv::cli

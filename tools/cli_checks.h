@@ -25,5 +25,7 @@ CLI::Validator whole(int64_t lo = std::numeric_limits<int64_t>::min(), int64_t h
 
 // A seed: a whole number in [0, 2^64 - 1] (a minus sign is refused, not wrapped).
 CLI::Validator seed_number();
+// One of `presets`, or a model directory (qkv's or a Hugging Face folder: a directory with config.json).
+CLI::Validator preset_or_model_dir(std::vector<std::string> presets);
 
 }  // namespace qkv::cli

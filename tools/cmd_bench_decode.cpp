@@ -13,6 +13,7 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
+#include "task_util.h"
 
 namespace qkv::cli {
 namespace {
@@ -25,10 +26,14 @@ struct DecodeBenchOptions {
 };
 
 int run_bench_decode(const DecodeBenchOptions& o) {
-  const ModelConfig cfg = bench_preset(o.model);
-  check(cfg.arch == Arch::Decoder, "bench decode: --model must be a decoder-only preset (gpt2-small)");
-  Model model(cfg);
-  model.init(1);
+  // --model: the preset (random weights), or a directory whose weights are loaded
+  Model model = (o.model != "gpt2-small" && o.model != "transformer-base") ? load_model(o.model) : Model(bench_preset(o.model));
+  if (!(o.model != "gpt2-small" && o.model != "transformer-base")) model.init(1);
+  const ModelConfig& cfg = model.config();
+  check(cfg.arch == Arch::Decoder, "bench decode: --model ", o.model, " is a ", arch_name(cfg.arch),
+        " model; decode measures a decoder-only model (gpt2-small, or a gpt2 / llama directory)");
+  check(cfg.positional != Positional::Learned || o.prompt + o.tokens + 1 <= cfg.max_len, "bench decode: --prompt ",
+        o.prompt, " + --tokens ", o.tokens, " do not fit the model's ", cfg.max_len, " learned positions");
   Rng rng(3);
   std::vector<int32_t> prompt;
   for (int64_t i = 0; i < o.prompt; ++i) prompt.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size))));
@@ -75,7 +80,8 @@ int run_bench_decode(const DecodeBenchOptions& o) {
 Runner add_bench_decode(CLI::App& bench) {
   auto o = std::make_shared<DecodeBenchOptions>();
   CLI::App* c = bench.add_subcommand("decode", "Decoding tokens/s at batch 1 against the memory-bandwidth bound");
-  c->add_option("--model", o->model, "gpt2-small")->check(CLI::IsMember({"gpt2-small"}));
+  c->add_option("--model", o->model, "gpt2-small (random weights), or a decoder's directory (qkv's or a Hugging Face folder)")
+      ->check(preset_or_model_dir({"gpt2-small"}));
   c->add_option("--prompt", o->prompt, "Prompt tokens")->transform(whole(1, 512));
   c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->transform(whole(2, 512));
   c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->transform(whole(1, 100));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
+#include "task_util.h"
 
 namespace qkv::cli {
 namespace {
@@ -74,7 +76,11 @@ Tensor random_ids(int64_t B, int64_t T, int64_t V, Rng& rng) {
 }
 
 int run_bench_train(const TrainBenchOptions& o) {
-  const ModelConfig cfg = o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
+  // --model: a preset, or a directory (qkv's or a Hugging Face folder) whose weights are loaded
+  const bool from_dir = o.config.empty() && (o.model != "gpt2-small" && o.model != "transformer-base");
+  std::optional<Model> loaded;
+  if (from_dir) loaded.emplace(load_model(o.model));
+  const ModelConfig cfg = from_dir ? loaded->config() : o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
   // the logits and their gradient alone, (B, T, V) floats each: a lower bound on what a step
   // needs, refused before anything is allocated when even that cannot fit
@@ -87,13 +93,15 @@ int run_bench_train(const TrainBenchOptions& o) {
         static_cast<int64_t>(avail / (1 << 20)), " MiB of memory available (", source, ")");
   const double ceiling = gemm_ceiling(2048, 3);
   Model model = [&] {
+    if (from_dir) return std::move(*loaded);
     try {
-      return Model(cfg);
+      Model m(cfg);
+      m.init(1);
+      return m;
     } catch (const Error& e) {  // a config too large for this machine: name the file
       throw Error(detail::concat(name, ": ", e.what()));
     }
   }();
-  model.init(1);
   TrainConfig tc;
   tc.schedule.lr = 1e-4;
   tc.clip_norm = 1.0;
@@ -175,8 +183,9 @@ int run_bench_train(const TrainBenchOptions& o) {
 Runner add_bench_train(CLI::App& bench) {
   auto o = std::make_shared<TrainBenchOptions>();
   CLI::App* c = bench.add_subcommand("train", "Training throughput: tokens/s and peak memory of fwd + bwd + AdamW");
-  c->add_option("--model", o->model, "gpt2-small or transformer-base")
-      ->check(CLI::IsMember({"gpt2-small", "transformer-base"}));
+  c->add_option("--model", o->model,
+                "gpt2-small, transformer-base, or a model directory (qkv's or a Hugging Face folder) to train from")
+      ->check(preset_or_model_dir({"gpt2-small", "transformer-base"}));
   c->add_option("--config", o->config, "Benchmark this config.json instead of a preset")->check(CLI::ExistingFile);
   c->add_option("--batch", o->batch, "Sequences per step")->transform(whole(1, 1 << 20));
   c->add_option("--seq", o->seq, "Tokens per sequence (source and target for encoder-decoder)")

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 #include <limits>
 
@@ -28,6 +29,11 @@ Model load_model(const std::string& dir) {
   return m;
 }
 
+
+bool is_model_dir(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec);
+}
 
 int64_t RawData::size() const {
   return static_cast<int64_t>(pairs.size() + labeled.size() + lines.size());
