@@ -738,6 +738,7 @@ std::string byte_token(unsigned char b) {
 
 struct Model {
   Vocab vocab;
+  std::string where;  // "FILE: model", for errors while encoding
   virtual ~Model() = default;
   // Appends the ids of one pre-tokenized word (non-empty).
   virtual void tokenize(const std::string& word, std::vector<int32_t>& ids) const = 0;
@@ -813,7 +814,7 @@ struct BpeModel final : Model {
         }
       }
       if (has_unk) {
-        check(unk_id >= 0, "Hugging Face BPE: the unknown token \"", unk, "\" is not in the vocabulary");
+        check(unk_id >= 0, where, ": the unknown token \"", unk, "\" is not in the vocabulary (a character needs it)");
         if (pending_unk >= 0 && !fuse_unk) sym.push_back(pending_unk);
         pending_unk = unk_id;
       }
@@ -912,7 +913,7 @@ struct WordPieceModel final : Model {
     const size_t n = at.size() - 1;
     const int32_t unk_id = vocab.find(unk);
     auto unknown = [&] {
-      check(unk_id >= 0, "Hugging Face WordPiece: the unknown token \"", unk, "\" is not in the vocabulary");
+      check(unk_id >= 0, where, ": the unknown token \"", unk, "\" is not in the vocabulary (a word needs it)");
       ids.push_back(unk_id);
     };
     if (n > max_chars) return unknown();
@@ -948,7 +949,7 @@ struct WordLevelModel final : Model {
   void tokenize(const std::string& word, std::vector<int32_t>& ids) const override {
     int32_t id = vocab.find(word);
     if (id < 0) id = vocab.find(unk);
-    check(id >= 0, "Hugging Face WordLevel: the unknown token \"", unk, "\" is not in the vocabulary");
+    check(id >= 0, where, ": the unknown token \"", unk, "\" is not in the vocabulary (a word needs it)");
     ids.push_back(id);
   }
 };
@@ -1012,7 +1013,7 @@ struct UnigramModel final : Model {
         if (k + 1 - at == mblen) single = true;
       }
       if (!single) {
-        check(unk_id >= 0, "Hugging Face Unigram: a character has no piece and the model has no unk_id");
+        check(unk_id >= 0, where, ": a character has no piece and the model has no unk_id");
         Best& t = best[at + mblen];
         const double cand = here + unk_score;
         if (t.from < 0 || cand > t.score) t = {unk_id, cand, static_cast<int64_t>(at)};
@@ -1090,10 +1091,15 @@ std::unique_ptr<Model> parse_unigram(const Json& j, const Where& w) {
 
 std::unique_ptr<Model> parse_model(const Json& j, const Where& w) {
   const std::string type = type_of(j, w);
-  if (type == "BPE") return parse_bpe(j, w);
-  if (type == "WordPiece") return parse_wordpiece(j, w);
-  if (type == "Unigram") return parse_unigram(j, w);
-  if (type == "WordLevel") return parse_wordlevel(j, w);
+  std::unique_ptr<Model> m;
+  if (type == "BPE") m = parse_bpe(j, w);
+  if (type == "WordPiece") m = parse_wordpiece(j, w);
+  if (type == "Unigram") m = parse_unigram(j, w);
+  if (type == "WordLevel") m = parse_wordlevel(j, w);
+  if (m) {
+    m->where = w.file + ": " + w.path;
+    return m;
+  }
   w.fail("unknown model type \"", type, "\" (qkv reads BPE, WordPiece, Unigram and WordLevel)");
 }
 

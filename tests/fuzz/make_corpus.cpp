@@ -39,6 +39,68 @@ class SentenceVector final : public sentencepiece::SentenceIterator {
   size_t i_ = 0;
 };
 
+void put(const std::string& target, const std::string& name, const std::string& bytes);
+
+// Small Hugging Face tokenizer.json files, one per family's shape, each followed (after a NUL)
+// by a text to encode.
+void hf_tokenizers() {
+  using Json = nlohmann::json;
+  const auto file = [](Json model, Json added, Json normalizer, Json pre, Json post, Json decoder) {
+    return Json{{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
+                {"normalizer", normalizer}, {"pre_tokenizer", pre}, {"post_processor", post}, {"decoder", decoder},
+                {"model", model}}.dump();
+  };
+  const auto special = [](int id, const char* content) {
+    return Json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                {"normalized", false}, {"special", true}};
+  };
+  const std::string text = std::string(1, '\0') + "Hello world, the cat's caf\xc3\xa9!";
+  // byte-level BPE (GPT-2): the letters h e l o, "\u0120", merges to "he", "ll", "hell", "hello"
+  const Json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  const Json bpe = {{"type", "BPE"},
+                    {"vocab", {{"h", 0}, {"e", 1}, {"l", 2}, {"o", 3}, {"\u0120", 4}, {"he", 5}, {"ll", 6}, {"hell", 7},
+                               {"hello", 8}, {"<|endoftext|>", 9}}},
+                    {"merges", {"h e", "l l", "he ll", "hell o"}}};
+  put("hf_tokenizer", "gpt2", file(bpe, {special(9, "<|endoftext|>")}, nullptr, bl, bl, bl) + text);
+  // WordPiece (BERT): BertNormalizer, BertPreTokenizer, [CLS] $A [SEP]
+  const Json wp = {{"type", "WordPiece"},
+                   {"unk_token", "[UNK]"},
+                   {"vocab", {{"[PAD]", 0}, {"[UNK]", 1}, {"[CLS]", 2}, {"[SEP]", 3}, {"[MASK]", 4}, {"hello", 5},
+                              {"world", 6}, {"##s", 7}, {",", 8}}}};
+  const Json cls = {{"SpecialToken", {{"id", "[CLS]"}, {"type_id", 0}}}}, seq = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+             sep = {{"SpecialToken", {{"id", "[SEP]"}, {"type_id", 0}}}};
+  const Json tmpl = {{"type", "TemplateProcessing"},
+                     {"single", {cls, seq, sep}},
+                     {"pair", Json::array()},
+                     {"special_tokens", {{"[CLS]", {{"id", "[CLS]"}, {"ids", {2}}, {"tokens", {"[CLS]"}}}},
+                                         {"[SEP]", {{"id", "[SEP]"}, {"ids", {3}}, {"tokens", {"[SEP]"}}}}}}};
+  put("hf_tokenizer", "bert",
+      file(wp, {special(0, "[PAD]"), special(1, "[UNK]"), special(2, "[CLS]"), special(3, "[SEP]"), special(4, "[MASK]")},
+           {{"type", "BertNormalizer"}, {"lowercase", true}}, {{"type", "BertPreTokenizer"}}, tmpl,
+           {{"type", "WordPiece"}, {"prefix", "##"}, {"cleanup", true}}) +
+          text);
+  // Unigram with Metaspace and byte fallback (SentencePiece-converted)
+  Json pieces = Json::array({Json::array({"<unk>", 0.0}), Json::array({"\u2581", -2.0}), Json::array({"\u2581hello", -3.0}),
+                             Json::array({"o", -4.0}), Json::array({"<0xC3>", 0.0}), Json::array({"<0xA9>", 0.0})});
+  put("hf_tokenizer", "unigram",
+      file({{"type", "Unigram"}, {"unk_id", 0}, {"byte_fallback", true}, {"vocab", pieces}}, {special(0, "<unk>")},
+           {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}, {{"type", "Replace"}, {"pattern", {{"Regex", " {2,}"}}}, {"content", " "}}}}},
+           {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}, {"split", true}}, nullptr,
+           {{"type", "Sequence"}, {"decoders", {{{"type", "Metaspace"}}, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}}) +
+          text);
+  // Llama-3's Split regex in front of a byte-level BPE
+  const Json split = {{"type", "Sequence"},
+                      {"pretokenizers",
+                       {{{"type", "Split"},
+                         {"pattern", {{"Regex", "(?i:'s|'t)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s+(?!\\S)|\\s+"}}},
+                         {"behavior", "Isolated"},
+                         {"invert", false}},
+                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  Json bpe3 = bpe;
+  bpe3["ignore_merges"] = true;
+  put("hf_tokenizer", "llama3", file(bpe3, {special(9, "<|endoftext|>")}, nullptr, split, nullptr, bl) + text);
+}
+
 void put(const std::string& target, const std::string& name, const std::string& bytes) {
   fs::create_directories(g_root + "/" + target);
   std::ofstream f(g_root + "/" + target + "/" + name, std::ios::binary | std::ios::trunc);
@@ -181,6 +243,7 @@ void tokenizers() {
   put("gpt2", "tiny", enc + std::string(1, '\0') + bpe);
   const auto [enc0, bpe0] = fuzz::tiny_gpt2({});
   put("gpt2", "bytes_only", enc0 + std::string(1, '\0') + bpe0);
+  hf_tokenizers();
 
   const std::string tmp = g_root + "/.spm";
   fs::create_directories(tmp);
