@@ -302,6 +302,14 @@ def spm_specials(sp):
     return [added(i, sp.id_to_piece(i)) for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)]
 
 
+# SentencePiece's dummy prefix and spaces as "▁", and back, as Llama-2's tokenizer.json writes them
+LLAMA2_NORMALIZER = {"type": "Sequence", "normalizers": [
+    {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]}
+LLAMA2_DECODER = {"type": "Sequence", "decoders": [
+    {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+    {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+
+
 def unigram_files(sp, t5_style):
     """A SentencePiece Unigram model as a tokenizer.json. t5_style: a Regex Replace of repeated
     spaces, Metaspace splitting, </s> appended and no byte fallback (tokenizers.js has no byte
@@ -310,13 +318,10 @@ def unigram_files(sp, t5_style):
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": spm_specials(sp),
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "normalizer": LLAMA2_NORMALIZER,
         "pre_tokenizer": None,
         "post_processor": None,
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
-            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "decoder": LLAMA2_DECODER,
         "model": {"type": "Unigram", "unk_id": sp.unk_id(), "byte_fallback": not t5_style,
                   "vocab": [[p, s] for p, s in spm_pieces(sp)]},
     }
@@ -355,17 +360,14 @@ def llama2_files(sp):
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": spm_specials(sp),
-        "normalizer": {"type": "Sequence", "normalizers": [
-            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "normalizer": LLAMA2_NORMALIZER,
         "pre_tokenizer": None,
         "post_processor": {"type": "TemplateProcessing",
                            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
                            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                                     {"SpecialToken": {"id": "<s>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
                            "special_tokens": {"<s>": {"id": "<s>", "ids": [sp.bos_id()], "tokens": ["<s>"]}}},
-        "decoder": {"type": "Sequence", "decoders": [
-            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
-            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "decoder": LLAMA2_DECODER,
         "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
                   "vocab": vocab, "merges": bpe_merges(sp)},

@@ -199,6 +199,10 @@ TEST(HfBpe, MergesByRankThenPosition) {
   EXPECT_EQ(make(file_with(bpe(vocab, {"a b", "b c", "ab c"})))->encode("abc"), (Ids{5}));
   // equal pairs merge from the left: aaa -> aa a
   EXPECT_EQ(make(file_with(bpe(vocab, {"a a"})))->encode("aaa"), (Ids{6, 0}));
+  // one merge at a time, as the Rust library does: after a|b -> ab, the lower-ranked (ab, a) is
+  // merged before the second a|b (OpenAI's rounds would give ab ab; test_tokenizer.cpp)
+  const Json v2 = {{"a", 0}, {"b", 1}, {"ab", 2}, {"aba", 3}};
+  EXPECT_EQ(make(file_with(bpe(v2, {"ab a", "a b"})))->encode("abab"), (Ids{3, 1}));
   // merges as pairs read the same
   EXPECT_EQ(make(file_with(bpe(vocab, Json::array({{"a", "b"}, {"b", "c"}, {"ab", "c"}}))))->encode("abc"), (Ids{5}));
 }

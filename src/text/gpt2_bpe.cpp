@@ -5,8 +5,8 @@
 //      pass, until no adjacent pair is a merge,
 //   4. look the symbols up in encoder.json.
 // Here symbols are token ids over raw bytes (the alphabet is only the files' spelling), and step 3
-// uses a heap of adjacent pairs instead of rescanning the word, so a long word costs
-// O(n log n) rather than O(n^2); see bpe_word for why the result is the same.
+// is text/bpe_merge.h's heap of adjacent pairs instead of rescanning the word, so a long word
+// costs O(n log n) rather than O(n^2); that header says why the result is the same.
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -24,7 +24,9 @@
 #include "qkv/files.h"
 #include "qkv/npy.h"
 #include "qkv/tokenizer.h"
+#include "text/bpe_merge.h"
 #include "text/hf_export.h"
+#include "text/unicode.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -99,47 +101,15 @@ const Pretokenizer& pretokenizer() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// bytes_to_unicode: bytes ! .. ~, ¡ .. ¬ and ® .. ÿ stand for themselves; the other 68 bytes, in
-// order, for U+0100, U+0101, ... (so space is Ġ U+0120 and newline Ċ U+010A).
+// The byte alphabet (bytes_to_unicode) is text::byte_alphabet().
 
-struct ByteAlphabet {
-  static constexpr uint32_t kCodePoints = 0x100 + 68;
-  std::array<uint32_t, 256> to_cp{};
-  std::array<int, kCodePoints> to_byte{};
-
-  ByteAlphabet() {
-    to_byte.fill(-1);
-    uint32_t next = 0x100;
-    for (int b = 0; b < 256; ++b) {
-      const bool self = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      to_cp[b] = self ? static_cast<uint32_t>(b) : next++;
-      to_byte[to_cp[b]] = b;
-    }
-  }
-};
-
-const ByteAlphabet& alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
+const text::ByteAlphabet& alphabet() { return text::byte_alphabet(); }
+using text::append_utf8;
 
 // Token text in the alphabet (valid UTF-8, as nlohmann::json and check_utf8 guarantee) -> raw
 // bytes; false when a character is outside the alphabet.
 bool from_alphabet(std::string_view text, std::string& bytes) {
-  const ByteAlphabet& a = alphabet();
+  const text::ByteAlphabet& a = alphabet();
   bytes.clear();
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
@@ -150,8 +120,8 @@ bool from_alphabet(std::string_view text, std::string& bytes) {
     else if (c >= 0xc0) cp = c & 0x1f, len = 2;
     if (i + len > text.size()) return false;
     for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(text[i + k]) & 0x3f);
-    if (cp >= ByteAlphabet::kCodePoints || a.to_byte[cp] < 0) return false;
-    bytes += static_cast<char>(a.to_byte[cp]);
+    if (a.to_byte(cp) < 0) return false;
+    bytes += static_cast<char>(a.to_byte(cp));
     i += len;
   }
   return true;
@@ -252,10 +222,7 @@ class EncoderReader {
 // ---------------------------------------------------------------------------------------------
 // The tokenizer
 
-struct Merge {
-  int32_t rank;    // position in vocab.bpe: lower merges first
-  int32_t result;  // id of the joined token
-};
+using Merge = text::BpeMerge;  // rank: the position in vocab.bpe
 
 uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(a) << 32) | static_cast<uint32_t>(b); }
 
@@ -455,13 +422,6 @@ class Gpt2Tokenizer final : public Tokenizer {
   }
 
   // Appends the ids of one pre-tokenised word.
-  //
-  // OpenAI's loop: find the pair of adjacent symbols with the lowest rank, merge every occurrence
-  // of it in one left-to-right pass (an occurrence overlapping one just merged is skipped), repeat.
-  // Here a heap holds (rank, left position) for each adjacent pair that is a merge; stale entries
-  // are skipped when popped. Each round pops all entries of the lowest rank and merges them in
-  // position order, which is the same pass: one rank is one pair (a, b), and no merge in the pass
-  // can create another (a, b), since a+b differs from both a and b.
   void bpe_word(std::string_view word, std::vector<int32_t>& ids) const {
     // A single byte is its own token.
     if (word.size() == 1) {
@@ -479,65 +439,13 @@ class Gpt2Tokenizer final : public Tokenizer {
       }
     }
 
-    // sym[i] <- the byte at i; linked left to right
-    struct Sym {
-      int32_t id, prev, next;  // prev/next: neighbouring live symbols, -1 at the ends
-      bool alive;
-    };
-    const auto n = static_cast<int32_t>(word.size());
-    std::vector<Sym> sym(static_cast<size_t>(n));
-    for (int32_t i = 0; i < n; ++i)
-      sym[i] = Sym{byte_id_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1, true};
-
-    struct Entry {
-      int32_t rank, pos, left, right;  // left/right: the ids the pair had when pushed
-    };
-    const auto later = [](const Entry& x, const Entry& y) { return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos; };
-    std::vector<Entry> heap;
-    const auto push = [&](int32_t pos) {
-      if (pos < 0 || sym[pos].next < 0) return;
-      const int32_t l = sym[pos].id, r = sym[sym[pos].next].id;
-      if (const auto m = merges_.find(pair_key(l, r)); m != merges_.end()) {
-        heap.push_back(Entry{m->second.rank, pos, l, r});
-        std::push_heap(heap.begin(), heap.end(), later);
-      }
-    };
-    // An entry still stands for the pair at `pos` when neither symbol has changed since (a
-    // symbol changes only by absorbing its right neighbour, which changes its id).
-    const auto current = [&](const Entry& e) {
-      const Sym& s = sym[e.pos];
-      return s.alive && s.id == e.left && s.next >= 0 && sym[s.next].id == e.right;
-    };
-    for (int32_t i = 0; i + 1 < n; ++i) push(i);
-
-    // Rounds: merge every current occurrence of the lowest-rank pair, left to right.
-    std::vector<Entry> round;
-    while (!heap.empty()) {
-      const int32_t rank = heap.front().rank;
-      round.clear();
-      while (!heap.empty() && heap.front().rank == rank) {
-        std::pop_heap(heap.begin(), heap.end(), later);
-        round.push_back(heap.back());
-        heap.pop_back();
-      }
-      const int32_t joined = merges_.find(pair_key(round[0].left, round[0].right))->second.result;
-      for (const Entry& e : round) {  // popped in position order
-        if (!current(e)) continue;
-        // sym[pos] <- sym[pos] + sym[next]; unlink next
-        Sym& s = sym[e.pos];
-        Sym& gone = sym[s.next];
-        s.id = joined;
-        gone.alive = false;
-        s.next = gone.next;
-        if (gone.next >= 0) sym[gone.next].prev = e.pos;
-        push(s.prev);
-        push(e.pos);
-      }
-    }
-
-    // ids <- the surviving symbols
-    std::vector<int32_t> out;
-    for (int32_t i = 0; i >= 0; i = sym[i].next) out.push_back(sym[i].id);
+    // symbols <- the bytes' tokens; then OpenAI's rounds of merges (text/bpe_merge.h)
+    std::vector<int32_t> sym(word.size());
+    for (size_t i = 0; i < word.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(word[i])];
+    std::vector<int32_t> out = text::bpe_merge(sym, text::BpeOrder::Rounds, [&](int32_t a, int32_t b) -> const text::BpeMerge* {
+      const auto it = merges_.find(pair_key(a, b));
+      return it == merges_.end() ? nullptr : &it->second;
+    });
     ids.insert(ids.end(), out.begin(), out.end());
     if (cacheable) {
       std::lock_guard<std::mutex> lock(cache_mutex_);

@@ -40,6 +40,7 @@
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/tokenizer.h"
+#include "text/bpe_merge.h"
 #include "text/hf_export.h"
 #include "text/unicode.h"
 
@@ -289,6 +290,24 @@ Pattern parse_pattern(const Json& j, const char* key, const Where& w) {
   return out;
 }
 
+// A "Replace" component (normalizer or decoder): its pattern and content.
+template <class T>
+std::unique_ptr<T> parse_replace(const Json& j, const Where& w) {
+  auto r = std::make_unique<T>();
+  r->pattern = parse_pattern(j, "pattern", w);
+  r->content = to_u32(get_string(j, "content", w));
+  return r;
+}
+
+// A "Sequence" component: each element of j[key] parsed by `parse`, in order.
+template <class T, class Parse>
+std::unique_ptr<T> parse_sequence(const Json& j, const char* key, const Where& w, Parse parse) {
+  auto seq = std::make_unique<T>();
+  const Json& a = get_array(j, key, w);
+  for (size_t i = 0; i < a.size(); ++i) seq->parts.push_back(parse(a[i], w.at(key).index(i)));
+  return seq;
+}
+
 // NormalizedString::replace: each match replaced by `content`, aligned with the match's start.
 void replace_all(Str& s, const Pattern& p, const std::u32string& content) {
   Str out;
@@ -415,12 +434,15 @@ struct ReplaceNormalizer final : Normalizer {
   void apply(Str& s) const override { replace_all(s, pattern, content); }
 };
 
-struct SequenceNormalizer final : Normalizer {
-  std::vector<std::unique_ptr<Normalizer>> parts;
-  void apply(Str& s) const override {
-    for (const auto& p : parts) p->apply(s);
+// A "Sequence" of normalizers, pre-tokenizers or decoders: each applied in turn to the same value.
+template <class Base, class Value>
+struct SequenceOf final : Base {
+  std::vector<std::unique_ptr<Base>> parts;
+  void apply(Value& v) const override {
+    for (const auto& p : parts) p->apply(v);
   }
 };
+using SequenceNormalizer = SequenceOf<Normalizer, Str>;
 
 std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& w) {
   const std::string type = type_of(j, w);
@@ -449,18 +471,8 @@ std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& w) {
     n->prepend = to_u32(get_string(j, "prepend", w));
     return n;
   }
-  if (type == "Replace") {
-    auto n = std::make_unique<ReplaceNormalizer>();
-    n->pattern = parse_pattern(j, "pattern", w);
-    n->content = to_u32(get_string(j, "content", w));
-    return n;
-  }
-  if (type == "Sequence") {
-    auto n = std::make_unique<SequenceNormalizer>();
-    const Json& a = get_array(j, "normalizers", w);
-    for (size_t i = 0; i < a.size(); ++i) n->parts.push_back(parse_normalizer(a[i], w.at("normalizers").index(i)));
-    return n;
-  }
+  if (type == "Replace") return parse_replace<ReplaceNormalizer>(j, w);
+  if (type == "Sequence") return parse_sequence<SequenceNormalizer>(j, "normalizers", w, parse_normalizer);
   if (type == "Precompiled")
     w.fail("the \"Precompiled\" normalizer (SentencePiece's compiled character map, as in T5, ALBERT or XLM-R "
            "files) is not supported; qkv reads BertNormalizer, Lowercase, StripAccents, NFC, NFD, NFKC, NFKD, Strip, "
@@ -470,27 +482,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const Json& j, const Where& w) {
          "Sequence)");
 }
 
-// ---------------------------------------------------------------------------------------------
-// Byte-level alphabet (GPT-2's bytes_to_unicode): bytes ! .. ~, ¡ .. ¬ and ® .. ÿ stand for
-// themselves; the other 68 bytes, in order, for U+0100, U+0101, ...
-
-struct ByteAlphabet {
-  char32_t to_cp[256];
-  std::unordered_map<char32_t, uint8_t> to_byte;
-  ByteAlphabet() {
-    char32_t next = 0x100;
-    for (int b = 0; b < 256; ++b) {
-      const bool self = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
-      to_cp[b] = self ? static_cast<char32_t>(b) : next++;
-      to_byte[to_cp[b]] = static_cast<uint8_t>(b);
-    }
-  }
-};
-
-const ByteAlphabet& byte_alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
+using text::byte_alphabet;
 
 // ---------------------------------------------------------------------------------------------
 // Pre-tokenizers
@@ -630,12 +622,7 @@ struct SplitPre final : PreTokenizer {
   }
 };
 
-struct SequencePre final : PreTokenizer {
-  std::vector<std::unique_ptr<PreTokenizer>> parts;
-  void apply(std::vector<Str>& pieces) const override {
-    for (const auto& p : parts) p->apply(pieces);
-  }
-};
+using SequencePre = SequenceOf<PreTokenizer, std::vector<Str>>;
 
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j, const Where& w) {
   const std::string type = type_of(j, w);
@@ -684,12 +671,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j, const Where& w)
     p->inverted = get_bool(j, "invert", false, w);
     return p;
   }
-  if (type == "Sequence") {
-    auto p = std::make_unique<SequencePre>();
-    const Json& a = get_array(j, "pretokenizers", w);
-    for (size_t i = 0; i < a.size(); ++i) p->parts.push_back(parse_pre_tokenizer(a[i], w.at("pretokenizers").index(i)));
-    return p;
-  }
+  if (type == "Sequence") return parse_sequence<SequencePre>(j, "pretokenizers", w, parse_pre_tokenizer);
   w.fail("unknown pre-tokenizer type \"", type,
          "\" (qkv reads ByteLevel, Metaspace, BertPreTokenizer, Whitespace, WhitespaceSplit, Punctuation, Digits, "
          "CharDelimiterSplit, Split and Sequence)");
@@ -698,12 +680,32 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const Json& j, const Where& w)
 // ---------------------------------------------------------------------------------------------
 // Models
 
+std::string byte_token(unsigned char b) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+  return buf;
+}
+
 struct Vocab {
   std::unordered_map<std::string, int32_t> ids;
   std::unordered_map<int32_t, std::string> tokens;
   int32_t find(const std::string& t) const {
     const auto it = ids.find(t);
     return it == ids.end() ? -1 : it->second;
+  }
+  // Byte fallback: appends the ids of the tokens <0xNN> of each byte of `s` and returns true, or
+  // appends nothing and returns false when one of them is not in the vocabulary.
+  bool append_bytes(const std::string& s, std::vector<int32_t>& out) const {
+    const size_t at = out.size();
+    for (unsigned char b : s) {
+      const int32_t id = find(byte_token(b));
+      if (id < 0) {
+        out.resize(at);
+        return false;
+      }
+      out.push_back(id);
+    }
+    return !s.empty();
   }
   int32_t max_id() const {
     int32_t m = -1;
@@ -730,12 +732,6 @@ Vocab parse_vocab_object(const Json& j, const Where& w) {
   return out;
 }
 
-std::string byte_token(unsigned char b) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "<0x%02X>", b);
-  return buf;
-}
-
 struct Model {
   Vocab vocab;
   std::string where;  // "FILE: model", for errors while encoding
@@ -747,10 +743,7 @@ struct Model {
 uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
 
 struct BpeModel final : Model {
-  struct Merge {
-    int32_t rank, result;
-  };
-  std::unordered_map<uint64_t, Merge> merges;
+  std::unordered_map<uint64_t, text::BpeMerge> merges;
   std::string unk, prefix, suffix;
   bool has_unk = false, fuse_unk = false, byte_fallback = false, ignore_merges = false;
   mutable std::mutex cache_mutex;
@@ -798,21 +791,7 @@ struct BpeModel final : Model {
         sym.push_back(id);
         continue;
       }
-      if (byte_fallback) {
-        std::vector<int32_t> bytes;
-        for (unsigned char b : s) {
-          const int32_t id = vocab.find(byte_token(b));
-          if (id < 0) {
-            bytes.clear();
-            break;
-          }
-          bytes.push_back(id);
-        }
-        if (!bytes.empty()) {
-          sym.insert(sym.end(), bytes.begin(), bytes.end());
-          continue;
-        }
-      }
+      if (byte_fallback && vocab.append_bytes(s, sym)) continue;
       if (has_unk) {
         check(unk_id >= 0, where, ": the unknown token \"", unk, "\" is not in the vocabulary (a character needs it)");
         if (pending_unk >= 0 && !fuse_unk) sym.push_back(pending_unk);
@@ -822,45 +801,10 @@ struct BpeModel final : Model {
     }
     if (pending_unk >= 0) sym.push_back(pending_unk);
 
-    // merge_all: pop the (rank, position) that is lowest; merge if that pair is still there
-    struct Sym {
-      int32_t id, prev, next;
-      bool alive;
-    };
-    const auto m = static_cast<int32_t>(sym.size());
-    std::vector<Sym> s(static_cast<size_t>(m));
-    for (int32_t i = 0; i < m; ++i) s[i] = {sym[i], i - 1, i + 1 < m ? i + 1 : -1, true};
-    struct Entry {
-      int32_t rank, pos, result;
-      bool operator>(const Entry& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
-    };
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> q;
-    auto push = [&](int32_t pos) {
-      if (pos < 0 || s[pos].next < 0) return;
-      const auto it = merges.find(pair_key(s[pos].id, s[s[pos].next].id));
-      if (it != merges.end()) q.push({it->second.rank, pos, it->second.result});
-    };
-    for (int32_t i = 0; i + 1 < m; ++i) push(i);
-    while (!q.empty()) {
-      const Entry top = q.top();
-      q.pop();
-      Sym& a = s[top.pos];
-      if (!a.alive || a.next < 0) continue;
-      const auto it = merges.find(pair_key(a.id, s[a.next].id));
-      if (it == merges.end() || it->second.result != top.result) continue;
-      // a <- a + next; unlink next
-      Sym& b = s[a.next];
-      a.id = top.result;
-      b.alive = false;
-      a.next = b.next;
-      if (b.next >= 0) s[b.next].prev = top.pos;
-      push(a.prev);
-      push(top.pos);
-    }
-    std::vector<int32_t> out;
-    for (int32_t i = 0; i < m; ++i)
-      if (s[i].alive) out.push_back(s[i].id);
-    return out;
+    return text::bpe_merge(sym, text::BpeOrder::OneByOne, [&](int32_t a, int32_t b) -> const text::BpeMerge* {
+      const auto it = merges.find(pair_key(a, b));
+      return it == merges.end() ? nullptr : &it->second;
+    });
   }
 };
 
@@ -1045,21 +989,7 @@ struct UnigramModel final : Model {
         ids.push_back(id);
         continue;
       }
-      if (byte_fallback) {
-        std::vector<int32_t> bytes;
-        for (unsigned char b : it->first) {
-          const int32_t id = vocab.find(byte_token(b));
-          if (id < 0) {
-            bytes.clear();
-            break;
-          }
-          bytes.push_back(id);
-        }
-        if (!bytes.empty()) {
-          ids.insert(ids.end(), bytes.begin(), bytes.end());
-          continue;
-        }
-      }
+      if (byte_fallback && vocab.append_bytes(it->first, ids)) continue;
       ids.push_back(unk_id);
     }
   }
@@ -1213,12 +1143,12 @@ struct ByteLevelDecoder final : Decoder {
       std::string b;
       bool all = true;
       for (char32_t ch : c) {
-        const auto it = byte_alphabet().to_byte.find(ch);
-        if (it == byte_alphabet().to_byte.end()) {
+        const int byte = byte_alphabet().to_byte(ch);
+        if (byte < 0) {
           all = false;
           break;
         }
-        b += static_cast<char>(it->second);
+        b += static_cast<char>(byte);
       }
       bytes += all ? b : tok;
     }
@@ -1360,12 +1290,7 @@ struct ReplaceDecoder final : Decoder {
   }
 };
 
-struct SequenceDecoder final : Decoder {
-  std::vector<std::unique_ptr<Decoder>> parts;
-  void apply(std::vector<std::string>& t) const override {
-    for (const auto& p : parts) p->apply(t);
-  }
-};
+using SequenceDecoder = SequenceOf<Decoder, std::vector<std::string>>;
 
 std::unique_ptr<Decoder> parse_decoder(const Json& j, const Where& w) {
   const std::string type = type_of(j, w);
@@ -1399,18 +1324,8 @@ std::unique_ptr<Decoder> parse_decoder(const Json& j, const Where& w) {
     d->stop = static_cast<size_t>(get_int(j, "stop", w, 0, 1 << 20, 0));
     return d;
   }
-  if (type == "Replace") {
-    auto d = std::make_unique<ReplaceDecoder>();
-    d->pattern = parse_pattern(j, "pattern", w);
-    d->content = to_u32(get_string(j, "content", w));
-    return d;
-  }
-  if (type == "Sequence") {
-    auto d = std::make_unique<SequenceDecoder>();
-    const Json& a = get_array(j, "decoders", w);
-    for (size_t i = 0; i < a.size(); ++i) d->parts.push_back(parse_decoder(a[i], w.at("decoders").index(i)));
-    return d;
-  }
+  if (type == "Replace") return parse_replace<ReplaceDecoder>(j, w);
+  if (type == "Sequence") return parse_sequence<SequenceDecoder>(j, "decoders", w, parse_decoder);
   w.fail("unknown decoder type \"", type,
          "\" (qkv reads ByteLevel, Metaspace, WordPiece, BPEDecoder, ByteFallback, Fuse, Strip, Replace and Sequence)");
 }

@@ -65,6 +65,21 @@ std::vector<size_t> char_starts(std::string_view s) {
   return at;
 }
 
+ByteAlphabet::ByteAlphabet() {
+  for (int& b : to_byte_) b = -1;
+  char32_t next = 0x100;
+  for (int b = 0; b < 256; ++b) {
+    const bool self = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
+    to_cp[b] = self ? static_cast<char32_t>(b) : next++;
+    to_byte_[to_cp[b]] = b;
+  }
+}
+
+const ByteAlphabet& byte_alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Properties
 

@@ -36,6 +36,18 @@ bool is_regex_word(char32_t c);    // Rust regex's \w: Alphabetic, M, Nd, Pc, Jo
 void append_lowercase(std::u32string& out, char32_t c);
 std::u32string lowercase(std::u32string_view s);
 
+// GPT-2's byte alphabet (bytes_to_unicode): bytes ! .. ~, ¡ .. ¬ and ® .. ÿ stand for themselves;
+// the other 68 bytes, in order, for U+0100, U+0101, ... (so space is Ġ U+0120, newline Ċ U+010A).
+struct ByteAlphabet {
+  static constexpr char32_t kCodePoints = 0x100 + 68;
+  char32_t to_cp[256];       // byte -> its character
+  int to_byte_[kCodePoints];  // character -> byte, or -1
+  ByteAlphabet();
+  // The byte a character stands for, or -1 for a character outside the alphabet.
+  int to_byte(char32_t cp) const { return cp < kCodePoints ? to_byte_[cp] : -1; }
+};
+const ByteAlphabet& byte_alphabet();
+
 enum class NormalForm { NFC, NFD, NFKC, NFKD };
 std::u32string normalize(std::u32string_view s, NormalForm form);
 
