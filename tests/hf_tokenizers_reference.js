@@ -14,7 +14,9 @@ if (!outFile) {
   console.error('usage: node hf_tokenizers_reference.js NODE_MODULES_DIR TOKENIZER.json CONFIG.json STRINGS.json OUT.json');
   process.exit(2);
 }
-const { Tokenizer } = require(path.resolve(modules, '@huggingface/tokenizers'));
+// the CommonJS build by its path: a directory path would take package.json's "main" (the ES
+// module), which Debian 12's Node.js 18 cannot require()
+const { Tokenizer } = require(path.resolve(modules, '@huggingface/tokenizers/dist/tokenizers.cjs'));
 const tokenizerJson = JSON.parse(fs.readFileSync(tokenizerFile, 'utf8'));
 const config = JSON.parse(fs.readFileSync(configFile, 'utf8'));
 const tok = new Tokenizer(tokenizerJson, config);
