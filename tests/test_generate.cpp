@@ -429,5 +429,84 @@ TEST(Generate, NumReturnGivesTheBestDistinctBeams) {
   EXPECT_NE(error_of([&] { generate(m, kPrompts, g); }).find("num_return = 2, expected 1 .. 1"), std::string::npos);
 }
 
+
+// Continuous batching: sequences that join and leave a DecodeSlots batch between steps get the
+// tokens generate() gives each alone, and the logits of a sequence do not depend on what else
+// shares the batch (bitwise).
+TEST(DecodeSlots, JoinAndLeaveBetweenStepsEqualsGenerateAlone) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const int64_t V = dc.config.vocab_size, n = 9;
+    // request r joins at step joins[r]; each runs n greedy tokens, then leaves
+    const std::vector<int64_t> joins = {0, 3, 3, 6};
+    const std::vector<std::vector<int32_t>> prompts = {kPrompts[0], kPrompts[1], kPrompts[2], {5, 5}};
+    DecodeSlots slots(m, 3, 32);  // 4 requests through 3 slots: the last waits for a free one
+    std::vector<int64_t> slot(prompts.size(), -1);
+    std::vector<std::vector<int32_t>> got(prompts.size());
+    std::vector<std::vector<float>> first_logits(prompts.size());
+    Rng rng(0);
+    size_t next = 0;
+    for (int64_t step = 0; step < 64; ++step) {
+      // join: the requests whose turn has come, while a slot is free
+      while (next < prompts.size() && joins[next] <= step && slots.free_slots() > 0) {
+        std::vector<float> z;
+        slot[next] = slots.add(prompts[next], &z);
+        first_logits[next] = z;
+        got[next].push_back(choose_token(z.data(), V, prompts[next], SamplingConfig{}, rng));
+        ++next;
+      }
+      std::vector<std::pair<int64_t, int32_t>> feed;
+      std::vector<size_t> who;
+      for (size_t r = 0; r < prompts.size(); ++r) {
+        if (slot[r] < 0) continue;
+        if (static_cast<int64_t>(got[r].size()) == n) {  // done: leave
+          slots.remove(slot[r]);
+          slot[r] = -2;
+          continue;
+        }
+        feed.emplace_back(slot[r], got[r].back());
+        who.push_back(r);
+      }
+      if (feed.empty() && next == prompts.size()) break;
+      if (feed.empty()) continue;
+      const std::vector<float> z = slots.step(feed);
+      for (size_t i = 0; i < who.size(); ++i) {
+        std::vector<int32_t> hist = prompts[who[i]];
+        hist.insert(hist.end(), got[who[i]].begin(), got[who[i]].end());
+        got[who[i]].push_back(choose_token(z.data() + i * V, V, hist, SamplingConfig{}, rng));
+      }
+    }
+    for (size_t r = 0; r < prompts.size(); ++r) {
+      const auto alone = generate(m, {prompts[r]}, greedy(n, true));
+      EXPECT_EQ(got[r], alone[0].tokens) << "request " << r;
+    }
+    // the same prompt alone in an empty batch: bitwise the same first and next logits
+    DecodeSlots solo(m, 3, 32);
+    std::vector<float> z;
+    const int64_t s = solo.add(prompts[3], &z);
+    EXPECT_EQ(z, first_logits[3]);
+    EXPECT_EQ(solo.length(s), 2);
+    EXPECT_EQ(solo.free_slots(), 2);
+  }
+}
+
+TEST(DecodeSlots, MisuseGivesClearErrors) {
+  const Model m = make(decoder_config(Positional::Learned));
+  DecodeSlots slots(m, 2, 8);
+  std::vector<float> z;
+  const int64_t a = slots.add({4, 9}, &z);
+  EXPECT_NE(error_of([&] { slots.step({}); }).find("must feed every busy slot"), std::string::npos);
+  EXPECT_NE(error_of([&] { slots.step({{a, 4}, {a, 5}}); }).find("twice"), std::string::npos);
+  EXPECT_NE(error_of([&] { slots.step({{1 - a, 4}, {a, 4}}); }).find("not busy"), std::string::npos);
+  EXPECT_NE(error_of([&] { slots.step({{a, 99}}); }).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(error_of([&] { slots.add(std::vector<int32_t>(9, 4), &z); }).find("longer than the slots' max_len"),
+            std::string::npos);
+  slots.add({4}, &z);
+  EXPECT_NE(error_of([&] { slots.add({4}, &z); }).find("no free slot"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 65); }).find("learned positions"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(make(encdec_config()), 2, 8); }).find("decoder-only"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace qkv

@@ -14,9 +14,12 @@
 //   auto tr = translate(model, {{12, 9, 4, eos}}, g);  // encoder-decoder: one output per source
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "qkv/model.h"
+#include "qkv/rng.h"
 
 namespace qkv {
 
@@ -76,5 +79,51 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
 // Decoder-only scoring helper: log-probabilities of the next token after each prompt, (B, V)
 // row-major, using the cache path. For tests and `qkv generate --top`.
 std::vector<std::vector<float>> next_token_logprobs(const Model& model, const std::vector<std::vector<int32_t>>& prompts);
+
+// The token a sampling configuration picks from one row of logits (V), given the row's tokens so
+// far (for the repetition penalty): what generate() does at each step, for schedulers that drive
+// decoding themselves. Greedy ignores `rng`.
+int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
+                     Rng& rng);
+// log softmax of one row of logits, in double.
+std::vector<double> log_softmax_row(const float* logits, int64_t V);
+
+// Continuous batching for a decoder-only model: a fixed number of slots, each holding one
+// sequence's key/value cache. A sequence joins between steps (its prompt runs alone, then its
+// keys and values are copied into a free slot) and leaves when its caller removes it; each step
+// runs one token for every busy slot, at that slot's own position, as one batch. A sequence's
+// results do not depend on what shares the batch: the batch is always all slots wide (free slots
+// run a placeholder token), and rows are computed independently. One thread uses an object at a
+// time.
+class DecodeSlots {
+ public:
+  // slots >= 1; max_len: the longest sequence (prompt + generated) a slot holds.
+  DecodeSlots(const Model& model, int64_t slots, int64_t max_len);
+  ~DecodeSlots();
+  DecodeSlots(const DecodeSlots&) = delete;
+  DecodeSlots& operator=(const DecodeSlots&) = delete;
+
+  int64_t slots() const { return slots_; }
+  int64_t max_len() const { return max_len_; }
+  int64_t free_slots() const;
+  // Tokens in the slot's cache (0: free).
+  int64_t length(int64_t slot) const;
+
+  // Runs `prompt` (non-empty, ids in the vocabulary, at most max_len) into a free slot and
+  // returns it; *logits <- the logits (V) of the token after the prompt. Throws qkv::Error when
+  // no slot is free.
+  int64_t add(const std::vector<int32_t>& prompt, std::vector<float>* logits);
+  // One token for each busy slot, (slot, token) for every busy slot exactly once, the token
+  // appended at the slot's next position. Returns the next-token logits, one row of V per entry of
+  // `feed`, in its order.
+  std::vector<float> step(const std::vector<std::pair<int64_t, int32_t>>& feed);
+  // Frees the slot.
+  void remove(int64_t slot);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int64_t slots_, max_len_;
+};
 
 }  // namespace qkv

@@ -114,6 +114,22 @@ class Session {
 
   std::vector<CaptureRows>& captured() { return captured_; }
 
+  // Row `to` of this session's self-attention caches <- row `from` of `other`'s, positions
+  // 0 .. filled - 1 (a prompt run alone, moved into a slot).
+  void copy_row_from(const Session& other, int64_t from, int64_t to, int64_t filled) {
+    for (size_t l = 0; l < caches_.size(); ++l) {
+      for (const bool keys : {true, false}) {
+        const Tensor& src = keys ? other.caches_[l].self.k : other.caches_[l].self.v;
+        Tensor& dst = keys ? caches_[l].self.k : caches_[l].self.v;
+        // (B, G, T, D): each head's first `filled` positions
+        const int64_t G = dst.size(1), D = dst.size(3), Ts = src.size(2), Td = dst.size(2);
+        for (int64_t g = 0; g < G; ++g)
+          std::copy(src.data<float>() + ((from * G + g) * Ts) * D, src.data<float>() + ((from * G + g) * Ts + filled) * D,
+                    dst.data<float>() + ((to * G + g) * Td) * D);
+      }
+    }
+  }
+
  private:
   // The captured head's weights of this step, appended per row: decoder-only, one row per fed
   // position (over keys 0 .. that position); encoder-decoder, the last fed token's row over the
@@ -471,6 +487,95 @@ struct Driver {
 };
 
 }  // namespace
+
+int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
+                     Rng& rng) {
+  return choose(logits, V, history, s, rng);
+}
+
+std::vector<double> log_softmax_row(const float* logits, int64_t V) { return log_softmax(logits, V); }
+
+struct DecodeSlots::Impl {
+  const Model& model;
+  Session batch;
+  std::vector<int64_t> len;  // per slot: tokens in its cache, 0 when free
+  Impl(const Model& m, int64_t slots, int64_t max_len)
+      : model(m), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0) {}
+};
+
+DecodeSlots::DecodeSlots(const Model& model, int64_t slots, int64_t max_len) : slots_(slots), max_len_(max_len) {
+  const ModelConfig& c = model.config();
+  check(c.arch == Arch::Decoder, "DecodeSlots: the model is ", arch_name(c.arch), "; slots hold decoder-only models");
+  check(slots >= 1 && slots <= 4096, "DecodeSlots: slots ", slots, " (expected 1 .. 4096)");
+  check(max_len >= 1, "DecodeSlots: max_len ", max_len, " (expected >= 1)");
+  check(c.positional != Positional::Learned || max_len <= c.max_len, "DecodeSlots: max_len ", max_len,
+        " exceeds the model's ", c.max_len, " learned positions");
+  impl_ = std::make_unique<Impl>(model, slots, max_len);
+}
+
+DecodeSlots::~DecodeSlots() = default;
+
+int64_t DecodeSlots::free_slots() const {
+  return std::count(impl_->len.begin(), impl_->len.end(), int64_t{0});
+}
+
+int64_t DecodeSlots::length(int64_t slot) const {
+  check(slot >= 0 && slot < slots_, "DecodeSlots: slot ", slot, " is outside [0, ", slots_, ")");
+  return impl_->len[static_cast<size_t>(slot)];
+}
+
+int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>* logits) {
+  const ModelConfig& c = impl_->model.config();
+  check_ids("DecodeSlots", {prompt}, c.vocab_size, "prompt");
+  const auto P = static_cast<int64_t>(prompt.size());
+  check(P <= max_len_, "DecodeSlots: a prompt of ", P, " tokens is longer than the slots' max_len ", max_len_);
+  const auto it = std::find(impl_->len.begin(), impl_->len.end(), int64_t{0});
+  check(it != impl_->len.end(), "DecodeSlots: no free slot (", slots_, " busy)");
+  const int64_t slot = it - impl_->len.begin();
+  // the prompt alone, then its keys and values into the slot
+  Session one(impl_->model, 1, P, GenerateConfig{}, "DecodeSlots");
+  const std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  const Tensor z = one.run(ids, P, {0}, {P - 1});
+  check_finite_logits(z.data<float>(), c.vocab_size, "DecodeSlots", slot, 0);
+  impl_->batch.copy_row_from(one, 0, slot, P);
+  impl_->len[static_cast<size_t>(slot)] = P;
+  if (logits) logits->assign(z.data<float>(), z.data<float>() + c.vocab_size);
+  return slot;
+}
+
+std::vector<float> DecodeSlots::step(const std::vector<std::pair<int64_t, int32_t>>& feed) {
+  const ModelConfig& c = impl_->model.config();
+  const int64_t V = c.vocab_size;
+  std::vector<int> fed(static_cast<size_t>(slots_), 0);
+  for (const auto& [slot, token] : feed) {
+    check(slot >= 0 && slot < slots_ && impl_->len[static_cast<size_t>(slot)] > 0, "DecodeSlots: step feeds slot ", slot,
+          ", which is not busy");
+    check(++fed[static_cast<size_t>(slot)] == 1, "DecodeSlots: step feeds slot ", slot, " twice");
+    check(token >= 0 && token < V, "DecodeSlots: token ", token, " is outside the vocabulary [0, ", V, ")");
+    check(impl_->len[static_cast<size_t>(slot)] < max_len_, "DecodeSlots: slot ", slot, " is full (max_len ", max_len_, ")");
+  }
+  for (int64_t s = 0; s < slots_; ++s)
+    check(fed[s] || impl_->len[static_cast<size_t>(s)] == 0, "DecodeSlots: step must feed every busy slot; slot ", s,
+          " is busy and not fed");
+  // every slot runs: busy ones their token at their next position, free ones token 0 at position 0
+  std::vector<int64_t> ids(static_cast<size_t>(slots_), 0), pos(static_cast<size_t>(slots_), 0),
+      last(static_cast<size_t>(slots_), 0);
+  for (const auto& [slot, token] : feed) ids[slot] = token, pos[slot] = impl_->len[static_cast<size_t>(slot)];
+  const Tensor z = impl_->batch.run(ids, 1, pos, last);
+  std::vector<float> out(feed.size() * static_cast<size_t>(V));
+  for (size_t i = 0; i < feed.size(); ++i) {
+    const int64_t slot = feed[i].first;
+    check_finite_logits(z.data<float>() + slot * V, V, "DecodeSlots", slot, impl_->len[static_cast<size_t>(slot)]);
+    std::copy(z.data<float>() + slot * V, z.data<float>() + (slot + 1) * V, out.begin() + static_cast<int64_t>(i) * V);
+    ++impl_->len[static_cast<size_t>(slot)];
+  }
+  return out;
+}
+
+void DecodeSlots::remove(int64_t slot) {
+  check(slot >= 0 && slot < slots_, "DecodeSlots: slot ", slot, " is outside [0, ", slots_, ")");
+  impl_->len[static_cast<size_t>(slot)] = 0;
+}
 
 std::vector<Generation> generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                  const GenerateConfig& g) {
