@@ -1,0 +1,125 @@
+// qkv/scheduler.h: one thread that owns a model and serves requests from many threads.
+//
+// Completions (decoder-only models) run with continuous batching over DecodeSlots: a request
+// that arrives while others decode joins the batch between two steps, once enough slots are free
+// for its choices, and leaves when its choices end (an end-of-sequence token, max_tokens, or its
+// caller stopping it: a stop string, a client gone). Every other use of the model (translation,
+// classification, next-token probabilities, attention maps) runs on the same thread between
+// steps, as a job, so the model is only ever used by one thread. The queue is bounded: a request
+// beyond it is refused at once, never queued without limit.
+//
+//   Scheduler s(model, {.slots = 8, .max_len = 512, .max_queue = 64});
+//   CompletionRequest r{.prompt = ids, .max_tokens = 32};
+//   auto t = s.submit(r, [](const TokenEvent& e) { ...; return true; });   // on the scheduler thread
+//   auto fut = s.run([&](const Model& m) { return translate(m, src, g); });
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "qkv/error.h"
+#include "qkv/generate.h"
+#include "qkv/model.h"
+
+namespace qkv {
+
+struct SchedulerOptions {
+  int64_t slots = 8;        // sequences decoded together (a request's choices each take one)
+  int64_t max_len = 512;    // prompt + generated tokens of one sequence at most
+  int64_t max_queue = 64;   // requests (and jobs) waiting at most; beyond it submit() refuses
+};
+
+struct CompletionRequest {
+  std::vector<int32_t> prompt;  // non-empty, ids in the vocabulary
+  int64_t max_tokens = 16;      // new tokens per choice (>= 1)
+  SamplingConfig sampling;      // greedy or sampled; choice i samples from seed + i
+  int64_t n = 1;                // choices (each its own sequence)
+  int64_t top_logprobs = 0;     // the k most probable tokens per step, with their log-probabilities
+  int64_t eos_id = -1;          // a choice ends after this token (-1: never)
+};
+
+// One generated token of one choice, or the end of a choice.
+struct TokenEvent {
+  int64_t choice = 0;
+  int32_t token = -1;     // -1 for an end without a token (the request was stopped or failed)
+  double logprob = 0;     // log p(token) under the model (temperature 1)
+  std::vector<std::pair<int32_t, double>> top;  // top_logprobs (token, log p), most probable first
+  bool last = false;      // the choice ends here
+  std::string finish;     // with last: "stop" (eos), "length" (max_tokens or max_len), "cancelled",
+                          // or "error: <message>"
+};
+
+// Called on the scheduler thread for every event; return false to end this choice now (its slot
+// is freed before the next step). It must be quick: hand the event to the request's own thread.
+using TokenSink = std::function<bool(const TokenEvent&)>;
+
+// Refused because the queue is full (an HTTP server's 429).
+class QueueFull : public Error {
+ public:
+  using Error::Error;
+};
+
+class Scheduler {
+ public:
+  Scheduler(const Model& model, const SchedulerOptions& options);
+  ~Scheduler();  // stops: what is queued is refused ("cancelled"), what decodes ends "cancelled"
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const Model& model() const { return model_; }
+  const SchedulerOptions& options() const { return opt_; }
+
+  // Queues a completion (decoder-only models). Throws QueueFull when max_queue requests wait,
+  // qkv::Error for a request that can never run (its prompt + max_tokens over max_len, n over
+  // the slots, an id outside the vocabulary) or after drain() began.
+  void submit(CompletionRequest request, TokenSink sink);
+
+  // Runs `job` on the scheduler thread, between decoding steps; its result (or exception) comes
+  // back through the future. Throws QueueFull / qkv::Error as submit() does.
+  template <class F>
+  auto run(F job) -> std::future<decltype(job(std::declval<const Model&>()))> {
+    using R = decltype(job(std::declval<const Model&>()));
+    auto task = std::make_shared<std::packaged_task<R(const Model&)>>(std::move(job));
+    std::future<R> f = task->get_future();
+    enqueue_job([task](const Model& m) { (*task)(m); });
+    return f;
+  }
+
+  // Stops accepting work and returns once every queued and running request and job has ended.
+  void drain();
+
+  // For a health check and tests: requests waiting, sequences decoding, steps run so far.
+  int64_t waiting() const;
+  int64_t decoding() const;
+  int64_t steps() const;
+
+ private:
+  struct Choice;
+  struct Pending;
+  void enqueue_job(std::function<void(const Model&)> job);
+  void loop();
+  void admit(std::unique_lock<std::mutex>& lock);
+  void step_once();
+
+  const Model& model_;
+  SchedulerOptions opt_;
+  std::unique_ptr<DecodeSlots> slots_;  // null for a model that is not decoder-only
+  mutable std::mutex mu_;
+  std::condition_variable wake_, idle_;
+  std::deque<std::unique_ptr<Pending>> pending_;
+  std::deque<std::function<void(const Model&)>> jobs_;
+  std::vector<std::unique_ptr<Choice>> active_;  // owned by the scheduler thread
+  int64_t active_count_ = 0, steps_ = 0;
+  bool stopping_ = false, draining_ = false, busy_ = false;
+  std::thread thread_;
+};
+
+}  // namespace qkv

@@ -1,0 +1,247 @@
+// The scheduler thread: jobs first, then the requests that fit the free slots join (their
+// prompts run, their first tokens are chosen), then one decoding step for every live choice.
+// Sinks are called without the scheduler's lock held.
+#include "qkv/scheduler.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace qkv {
+
+struct Scheduler::Pending {
+  CompletionRequest req;
+  TokenSink sink;
+};
+
+struct Scheduler::Choice {
+  std::shared_ptr<Pending> req;
+  int64_t index = 0, slot = -1, generated = 0;
+  Rng rng;
+  std::vector<int32_t> history;  // prompt + generated
+  bool done = false;
+  Choice(std::shared_ptr<Pending> r, int64_t i) : req(std::move(r)), index(i), rng(req->req.sampling.seed + static_cast<uint64_t>(i)) {}
+};
+
+namespace {
+
+// The event for the token chosen from `z`: its log-probability and the k most probable tokens.
+TokenEvent event_for(const float* z, int64_t V, int32_t token, int64_t k) {
+  TokenEvent e;
+  e.token = token;
+  const std::vector<double> lp = log_softmax_row(z, V);
+  e.logprob = lp[static_cast<size_t>(token)];
+  if (k > 0) {
+    std::vector<int32_t> idx(static_cast<size_t>(V));
+    std::iota(idx.begin(), idx.end(), 0);
+    const int64_t n = std::min(k, V);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+    for (int64_t i = 0; i < n; ++i) e.top.emplace_back(idx[i], lp[idx[i]]);
+  }
+  return e;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& options) : model_(model), opt_(options) {
+  check(opt_.slots >= 1 && opt_.slots <= 4096, "scheduler: slots ", opt_.slots, " (expected 1 .. 4096)");
+  check(opt_.max_queue >= 1, "scheduler: max_queue ", opt_.max_queue, " (expected >= 1)");
+  const ModelConfig& c = model.config();
+  if (c.arch == Arch::Decoder) {
+    if (c.positional == Positional::Learned) opt_.max_len = std::min(opt_.max_len, c.max_len);
+    check(opt_.max_len >= 2, "scheduler: max_len ", opt_.max_len, " (expected >= 2)");
+    slots_ = std::make_unique<DecodeSlots>(model, opt_.slots, opt_.max_len);
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::submit(CompletionRequest r, TokenSink sink) {
+  const ModelConfig& c = model_.config();
+  check(slots_ != nullptr, "completions need a decoder-only model; this one is ", arch_name(c.arch));
+  check(!r.prompt.empty(), "the prompt has no tokens");
+  for (size_t i = 0; i < r.prompt.size(); ++i)
+    check(r.prompt[i] >= 0 && r.prompt[i] < c.vocab_size, "prompt token ", i, " = ", r.prompt[i],
+          " is outside the vocabulary [0, ", c.vocab_size, ")");
+  check(r.max_tokens >= 1, "max_tokens ", r.max_tokens, " (expected >= 1)");
+  check(static_cast<int64_t>(r.prompt.size()) + r.max_tokens <= opt_.max_len, "the prompt (", r.prompt.size(),
+        " tokens) + max_tokens (", r.max_tokens, ") exceed the context of ", opt_.max_len, " tokens");
+  check(r.n >= 1 && r.n <= opt_.slots, "n ", r.n, " (expected 1 .. ", opt_.slots, ", the decoding slots)");
+  check(r.top_logprobs >= 0 && r.top_logprobs <= c.vocab_size, "top_logprobs ", r.top_logprobs, " (expected 0 .. ",
+        c.vocab_size, ")");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check(!draining_ && !stopping_, "the server is shutting down");
+    if (static_cast<int64_t>(pending_.size() + jobs_.size()) >= opt_.max_queue)
+      throw QueueFull(detail::concat("the queue is full (", opt_.max_queue, " requests waiting)"));
+    pending_.push_back(std::make_unique<Pending>(Pending{std::move(r), std::move(sink)}));
+  }
+  wake_.notify_all();
+}
+
+void Scheduler::enqueue_job(std::function<void(const Model&)> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    check(!draining_ && !stopping_, "the server is shutting down");
+    if (static_cast<int64_t>(pending_.size() + jobs_.size()) >= opt_.max_queue)
+      throw QueueFull(detail::concat("the queue is full (", opt_.max_queue, " requests waiting)"));
+    jobs_.push_back(std::move(job));
+  }
+  wake_.notify_all();
+}
+
+void Scheduler::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  draining_ = true;
+  wake_.notify_all();
+  idle_.wait(lock, [&] { return pending_.empty() && jobs_.empty() && active_count_ == 0 && !busy_; });
+}
+
+int64_t Scheduler::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int64_t>(pending_.size() + jobs_.size());
+}
+
+int64_t Scheduler::decoding() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_count_;
+}
+
+int64_t Scheduler::steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return steps_;
+}
+
+void Scheduler::loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    // work: a job, a request that fits the free slots (all are free when nothing decodes), a step
+    wake_.wait(lock, [&] {
+      const bool fits = !pending_.empty() && slots_ && pending_.front()->req.n <= slots_->free_slots();
+      return stopping_ || !jobs_.empty() || fits || active_count_ > 0;
+    });
+    if (stopping_) break;
+    busy_ = true;
+    while (!jobs_.empty()) {
+      auto job = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      job(model_);  // a packaged_task: its exception goes to the future
+      lock.lock();
+    }
+    admit(lock);
+    if (active_count_ > 0) {
+      lock.unlock();
+      step_once();
+      lock.lock();
+      ++steps_;
+    }
+    busy_ = false;
+    idle_.notify_all();
+  }
+  // stopping: what waits and what decodes ends, told as "cancelled"
+  std::deque<std::unique_ptr<Pending>> pending = std::move(pending_);
+  jobs_.clear();
+  lock.unlock();
+  TokenEvent end;
+  end.last = true;
+  end.finish = "cancelled";
+  for (auto& p : pending)
+    for (int64_t i = 0; i < p->req.n; ++i) end.choice = i, p->sink(end);
+  for (auto& ch : active_)
+    if (!ch->done) end.choice = ch->index, ch->req->sink(end);
+  active_.clear();
+  lock.lock();
+  active_count_ = 0;
+  idle_.notify_all();
+}
+
+void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
+  const int64_t V = model_.config().vocab_size;
+  while (!pending_.empty() && slots_ && pending_.front()->req.n <= slots_->free_slots()) {
+    std::shared_ptr<Pending> p(pending_.front().release());
+    pending_.pop_front();
+    lock.unlock();
+    const CompletionRequest& r = p->req;
+    for (int64_t i = 0; i < r.n; ++i) {
+      auto ch = std::make_unique<Choice>(p, i);
+      ch->history = r.prompt;
+      TokenEvent e;
+      try {
+        std::vector<float> z;
+        ch->slot = slots_->add(r.prompt, &z);
+        const int32_t t = choose_token(z.data(), V, ch->history, r.sampling, ch->rng);
+        e = event_for(z.data(), V, t, r.top_logprobs);
+      } catch (const Error& err) {
+        if (ch->slot >= 0) slots_->remove(ch->slot);
+        e.last = true;
+        e.finish = std::string("error: ") + err.what();
+      }
+      e.choice = i;
+      if (!e.last) {
+        ch->history.push_back(e.token);
+        ch->generated = 1;
+        if (e.token == r.eos_id) e.last = true, e.finish = "stop";
+        else if (ch->generated >= r.max_tokens) e.last = true, e.finish = "length";
+      }
+      const bool go_on = p->sink(e) && !e.last;
+      if (!go_on) {
+        if (ch->slot >= 0) slots_->remove(ch->slot);
+        continue;
+      }
+      active_.push_back(std::move(ch));
+    }
+    lock.lock();
+    active_count_ = static_cast<int64_t>(active_.size());
+  }
+}
+
+void Scheduler::step_once() {
+  const int64_t V = model_.config().vocab_size;
+  std::vector<std::pair<int64_t, int32_t>> feed;
+  for (const auto& ch : active_) feed.emplace_back(ch->slot, ch->history.back());
+  std::vector<float> z;
+  std::string failure;
+  try {
+    z = slots_->step(feed);
+  } catch (const Error& err) {
+    failure = err.what();
+  }
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Choice& ch = *active_[i];
+    const CompletionRequest& r = ch.req->req;
+    TokenEvent e;
+    if (!failure.empty()) {
+      e.last = true;
+      e.finish = "error: " + failure;
+    } else {
+      const float* row = z.data() + static_cast<int64_t>(i) * V;
+      const int32_t t = choose_token(row, V, ch.history, r.sampling, ch.rng);
+      e = event_for(row, V, t, r.top_logprobs);
+      ch.history.push_back(t);
+      ++ch.generated;
+      if (t == r.eos_id) e.last = true, e.finish = "stop";
+      else if (ch.generated >= r.max_tokens) e.last = true, e.finish = "length";
+    }
+    e.choice = ch.index;
+    const bool go_on = ch.req->sink(e) && !e.last;
+    if (!go_on) {
+      slots_->remove(ch.slot);
+      ch.done = true;
+    }
+  }
+  active_.erase(std::remove_if(active_.begin(), active_.end(), [](const std::unique_ptr<Choice>& c) { return c->done; }),
+                active_.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  active_count_ = static_cast<int64_t>(active_.size());
+}
+
+}  // namespace qkv
