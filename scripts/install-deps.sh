@@ -16,6 +16,7 @@ PACKAGES=(
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
+  libcpp-httplib-dev          # qkv serve: the HTTP server
   clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
   libomp-16-dev               # ... and clang's OpenMP runtime, which they link
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)

@@ -38,38 +38,9 @@ struct Loaded {
   std::string dir;
 };
 
-// A Hugging Face folder has no task.json: its architecture says what it does (a decoder
-// generates, an encoder-decoder translates, a sequence classifier labels, with config.json's
-// id2label names, in id order).
-TaskInfo hf_task_info(const std::string& dir) {
-  const std::string path = dir + "/config.json";
-  const ModelConfig c = hf_config(read_file(path, "config.json"), path);
-  TaskInfo t;
-  t.max_len = c.positional == Positional::Learned ? c.max_len : 0;
-  switch (c.arch) {
-    case Arch::Decoder: t.task = Task::LanguageModel; break;
-    case Arch::EncoderDecoder: t.task = Task::Translate; break;
-    case Arch::EncoderClassifier: {
-      t.task = Task::Classify;
-      const nlohmann::json j = detail::parse_json_object(read_file(path, "config.json"), path);
-      for (int64_t k = 0; k < c.num_classes; ++k) {
-        const std::string key = std::to_string(k);
-        const bool named = j.contains("id2label") && j["id2label"].is_object() && j["id2label"].contains(key) &&
-                           j["id2label"][key].is_string();
-        t.labels.push_back(named ? j["id2label"][key].get<std::string>() : "LABEL_" + key);
-      }
-      break;
-    }
-    default:
-      throw Error(detail::concat("--model ", dir, ": a Hugging Face ", arch_name(c.arch),
-                                 " has no task of qkv's (generate, translate, classify); use qkv forward"));
-  }
-  return t;
-}
-
 Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
   check(fs::is_directory(dir), "--model ", dir, ": not a directory");
-  TaskInfo info = !fs::exists(dir + "/task.json") && is_hf_model_dir(dir) ? hf_task_info(dir) : TaskInfo::load(dir);
+  TaskInfo info = model_task_info(dir);
   check(info.task == want, "--model ", dir, ": the model was trained for --task ", task_name(info.task), ", but qkv ",
         command, " needs a ", task_name(want), " model");
   Model m = load_model(dir);
@@ -360,12 +331,7 @@ Runner add_generate(CLI::App& app) {
     const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
     const ModelConfig& mc = L.model.config();
     o->d.check_map(mc.n_layers, mc.n_heads);
-    // the prompt as the model reads it: a Hugging Face tokenizer's special tokens (Llama's <s>);
-    // qkv's GPT-2 models learned text after <|endoftext|>; an empty prompt starts from bos
-    std::vector<int32_t> prompt = encode_input(*L.tok, checked_text(o->prompt, "--prompt"));
-    if (L.tok->type() == "gpt2") prompt.insert(prompt.begin(), L.tok->eos_id());
-    if (prompt.empty()) prompt.push_back(L.tok->bos_id() >= 0 ? L.tok->bos_id() : L.tok->eos_id());
-    check(prompt.front() >= 0, "--model ", o->model, ": the tokenizer has no token to start an empty prompt with");
+    std::vector<int32_t> prompt = prompt_ids(*L.tok, checked_text(o->prompt, "--prompt"));
     const int64_t want = o->d.max_len > 0 ? o->d.max_len : 100;
     int64_t max_new = want;
     if (mc.positional == Positional::Learned) {
@@ -546,8 +512,7 @@ Runner add_eval(CLI::App& app) {
   c->add_option("--batch", o->d.batch, "translate: sentences per batch (default 16)")->transform(whole(1, 4096));
   o->d.add(c, false);
   return [o, hyp_out, max_tokens] {
-    const TaskInfo info = !fs::exists(o->model + "/task.json") && is_hf_model_dir(o->model) ? hf_task_info(o->model)
-                                                                                         : TaskInfo::load(o->model);
+    const TaskInfo info = model_task_info(o->model);
     if (info.task == Task::Translate) {
       o->d.resolve();
       check(max_tokens->count() == 0, "--max-tokens batches the scoring of language models and classifiers; "

@@ -22,6 +22,7 @@ Runner add_translate(CLI::App& app);
 Runner add_generate(CLI::App& app);
 Runner add_classify(CLI::App& app);
 Runner add_fill_mask(CLI::App& app);
+Runner add_serve(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_data(CLI::App& app);

@@ -100,6 +100,7 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_generate(app));
   runners.push_back(qkv::cli::add_classify(app));
   runners.push_back(qkv::cli::add_fill_mask(app));
+  runners.push_back(qkv::cli::add_serve(app));
   runners.push_back(qkv::cli::add_eval(app));
   runners.push_back(qkv::cli::add_tokenize(app));
   runners.push_back(qkv::cli::add_data(app));

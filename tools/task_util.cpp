@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <cstdio>
 #include <limits>
+#include <nlohmann/json.hpp>
 
+#include "io/json_strict.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/hf.h"
@@ -33,6 +35,42 @@ Model load_model(const std::string& dir) {
 bool is_model_dir(const std::string& path) {
   std::error_code ec;
   return std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec);
+}
+
+TaskInfo model_task_info(const std::string& dir) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/task.json", ec) || !is_hf_model_dir(dir)) return TaskInfo::load(dir);
+  const std::string path = dir + "/config.json";
+  const ModelConfig c = hf_config(read_file(path, "config.json"), path);
+  TaskInfo t;
+  t.max_len = c.positional == Positional::Learned ? c.max_len : 0;
+  switch (c.arch) {
+    case Arch::Decoder: t.task = Task::LanguageModel; break;
+    case Arch::EncoderDecoder: t.task = Task::Translate; break;
+    case Arch::EncoderClassifier: {
+      t.task = Task::Classify;
+      const nlohmann::json j = detail::parse_json_object(read_file(path, "config.json"), path);
+      for (int64_t k = 0; k < c.num_classes; ++k) {
+        const std::string key = std::to_string(k);
+        const bool named = j.contains("id2label") && j["id2label"].is_object() && j["id2label"].contains(key) &&
+                           j["id2label"][key].is_string();
+        t.labels.push_back(named ? j["id2label"][key].get<std::string>() : "LABEL_" + key);
+      }
+      break;
+    }
+    default:
+      throw Error(detail::concat("--model ", dir, ": a Hugging Face ", arch_name(c.arch),
+                                 " has no task of qkv's (generate, translate, classify); use qkv forward or fill-mask"));
+  }
+  return t;
+}
+
+std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text) {
+  std::vector<int32_t> prompt = encode_input(tok, text);
+  if (tok.type() == "gpt2") prompt.insert(prompt.begin(), tok.eos_id());
+  if (prompt.empty()) prompt.push_back(tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id());
+  check(prompt.front() >= 0, "the tokenizer has no token to start an empty prompt with");
+  return prompt;
 }
 
 int64_t RawData::size() const {

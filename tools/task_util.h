@@ -22,6 +22,16 @@ Model load_model(const std::string& dir);
 // True for a model directory: qkv's or a Hugging Face folder (a directory with config.json).
 bool is_model_dir(const std::string& path);
 
+// What a model directory does: its task.json, or for a Hugging Face folder (which has none) what
+// its architecture says (a decoder generates, an encoder-decoder translates, a sequence
+// classifier labels with config.json's id2label names, in id order).
+TaskInfo model_task_info(const std::string& dir);
+
+// A language model's prompt as the model reads it: a Hugging Face tokenizer's special tokens
+// (Llama's <s>); qkv's GPT-2 models learned text after <|endoftext|>; an empty prompt starts from
+// bos (or eos). Throws qkv::Error when the tokenizer has neither.
+std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text);
+
 // A task's raw records: translate (source, target), classify (label, text), lm (text lines).
 struct RawData {
   std::vector<TextPair> pairs;

@@ -1,0 +1,432 @@
+#!/usr/bin/python3
+"""qkv serve end to end, from real HTTP clients on loopback (Python's http.client, threads).
+
+    /usr/bin/python3 tests/serve_test.py --qkv build/qkv [--keep DIR]
+
+Trains three tiny models (a language model, a translator, a classifier; a few steps each), starts
+`qkv serve` on free ports, and checks:
+
+  * the routes: /health, /v1/models, /v1/completions (plain and streamed as server-sent events
+    ending in [DONE]; n, stop, logprobs, echo, seed), /v1/next-token, /v1/translations,
+    /v1/classifications, each answer's JSON checked field by field;
+  * continuous batching: greedy completions under load from parallel clients are identical to
+    the same request alone; a streamed completion is the plain one, delta by delta; the
+    translator and the classifier answer as `qkv translate` and `qkv classify` do;
+  * every limit: a bad API key (401), malformed JSON, unknown fields and out-of-range values
+    (400 naming the field), an unknown route (404), a body over --max-body (413), a full queue
+    (429), prompt + max_tokens over the context (400);
+  * a client that disconnects mid-stream frees its slot;
+  * a load of a few hundred mixed good and bad requests from 8 threads, every answer checked,
+    then the server still healthy;
+  * SIGTERM drains: a stream in flight finishes with [DONE], the process exits 0.
+
+Prints one line per check and "N passed, M failed"; exit status 1 if any failed.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+KEY = "test-key-123"
+
+
+class Checks:
+    def __init__(self):
+        self.passed = self.failed = 0
+        self.lock = threading.Lock()
+
+    def report(self, ok, what, detail=""):
+        with self.lock:
+            if ok:
+                self.passed += 1
+            else:
+                self.failed += 1
+            print(("PASS " if ok else "FAIL ") + what + ("  " + str(detail)[:300] if detail else ""), flush=True)
+
+
+def run(args, **kw):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=600, **kw)
+    if p.returncode != 0:
+        sys.exit("serve_test: %s failed (%d):\n%s%s" % (" ".join(map(str, args)), p.returncode, p.stdout, p.stderr))
+    return p.stdout
+
+
+class Server:
+    def __init__(self, qkv, model, *extra):
+        self.proc = subprocess.Popen([qkv, "--threads", "2", "serve", "--model", model, "--port", "0"] + list(extra),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            sys.exit("serve_test: qkv serve did not start: %r %s" % (line, self.proc.stderr.read()))
+        host, port = line[len("http://"):].rstrip("/").split(":")
+        self.host, self.port = host, int(port)
+
+    def request(self, method, path, body=None, key=KEY, raw=None, timeout=120):
+        c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        c.request(method, path, body=data, headers=headers)
+        r = c.getresponse()
+        text = r.read().decode("utf-8")
+        c.close()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+    def stream(self, body, key=KEY, stop_after=None):
+        """The SSE events of a streamed completion (parsed JSON, and 'DONE'); stop_after: close
+        the connection after that many events."""
+        c = http.client.HTTPConnection(self.host, self.port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+        r = c.getresponse()
+        events = []
+        if r.status != 200:
+            return r.status, json.loads(r.read())
+        buf = b""
+        while True:
+            chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                line = ev.decode("utf-8")
+                assert line.startswith("data: "), line
+                payload = line[len("data: "):]
+                events.append("DONE" if payload == "[DONE]" else json.loads(payload))
+                if stop_after and len(events) >= stop_after:
+                    c.close()
+                    return r.status, events
+        c.close()
+        return r.status, events
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def error_of(ck, what, status, body, want_status, param=None, needle=None):
+    ok = status == want_status and isinstance(body, dict) and "error" in body and \
+        isinstance(body["error"].get("message"), str) and "type" in body["error"]
+    if ok and param is not None:
+        ok = body["error"].get("param") == param
+    if ok and needle is not None:
+        ok = needle in body["error"]["message"]
+    ck.report(ok, what, "%s %s" % (status, body))
+
+
+def completion_ok(body, n=1):
+    return isinstance(body, dict) and body.get("object") == "text_completion" and len(body.get("choices", [])) == n \
+        and all(isinstance(c.get("text"), str) and c.get("finish_reason") in ("stop", "length") for c in body["choices"]) \
+        and body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+
+
+def stream_text(events, n=1):
+    texts, finish = [""] * n, [None] * n
+    for e in events:
+        if e == "DONE":
+            continue
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+            if c["finish_reason"]:
+                finish[c["index"]] = c["finish_reason"]
+    return texts, finish
+
+
+def lm_checks(ck, qkv, lm):
+    s = Server(qkv, lm, "--api-key", KEY, "--slots", "4", "--max-queue", "32", "--max-body", "4096",
+               "--max-tokens", "64")
+    try:
+        st, b = s.request("GET", "/health", key=None)
+        ck.report(st == 200 and b["status"] == "ok" and b["task"] == "lm", "/health without a key", b)
+        st, b = s.request("GET", "/v1/models")
+        ck.report(st == 200 and b["object"] == "list" and b["data"][0]["object"] == "model", "/v1/models", b)
+        st, b = s.request("GET", "/v1/models", key=None)
+        error_of(ck, "no API key: 401", st, b, 401)
+        st, b = s.request("GET", "/v1/models", key="wrong")
+        error_of(ck, "a wrong API key: 401", st, b, 401)
+
+        base = {"prompt": "And God said", "max_tokens": 24, "temperature": 0}
+        st, alone = s.request("POST", "/v1/completions", base)
+        ck.report(st == 200 and completion_ok(alone), "a greedy completion", alone)
+        st, again = s.request("POST", "/v1/completions", base)
+        ck.report(again["choices"][0]["text"] == alone["choices"][0]["text"], "greedy is deterministic")
+        # under load: parallel clients, the same request among others
+        results = {}
+
+        def client(i):
+            body = dict(base) if i % 3 == 0 else {"prompt": "In the beginning %d" % i, "max_tokens": 10 + i % 7,
+                                                    "temperature": 0.9, "seed": i}
+            results[i] = s.request("POST", "/v1/completions", body)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        same = all(results[i][1]["choices"][0]["text"] == alone["choices"][0]["text"] for i in range(0, 16, 3))
+        ck.report(all(results[i][0] == 200 and completion_ok(results[i][1]) for i in results) and same,
+                  "16 parallel clients: all answered; the greedy ones equal the request alone")
+        # streaming: the deltas make the plain completion, and [DONE] ends it
+        st, ev = s.stream(base)
+        texts, finish = stream_text(ev)
+        ck.report(st == 200 and ev[-1] == "DONE" and texts[0] == alone["choices"][0]["text"] and
+                  finish[0] == alone["choices"][0]["finish_reason"], "a streamed completion is the plain one",
+                  (texts, finish))
+        # n, seed, logprobs, echo, stop
+        body = {"prompt": "And", "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 7, "logprobs": 2}
+        st, b = s.request("POST", "/v1/completions", body)
+        st2, b2 = s.request("POST", "/v1/completions", body)
+        lp = b["choices"][0]["logprobs"] if st == 200 else None
+        ck.report(st == 200 and completion_ok(b, 3) and b == dict(b2, id=b["id"], created=b["created"]) and
+                  len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) and
+                  all(len(t) <= 2 for t in lp["top_logprobs"]), "n = 3 with a seed and logprobs: reproducible", b)
+        st, b = s.request("POST", "/v1/completions", dict(base, echo=True))
+        ck.report(st == 200 and b["choices"][0]["text"] == "And God said" + alone["choices"][0]["text"], "echo", b)
+        full = alone["choices"][0]["text"]
+        stop = full[5:8] if len(full) >= 8 else None
+        if stop:
+            st, b = s.request("POST", "/v1/completions", dict(base, stop=[stop, "zzzz"]))
+            want = full[:full.find(stop)]
+            ck.report(st == 200 and b["choices"][0]["text"] == want and b["choices"][0]["finish_reason"] == "stop",
+                      "a stop string ends the text before it", (stop, b))
+            st, ev = s.stream(dict(base, stop=stop))
+            texts, finish = stream_text(ev)
+            ck.report(texts[0] == want and finish[0] == "stop", "a stop string in a stream", (texts, finish))
+        st, b = s.request("POST", "/v1/completions", {"prompt": [5, 9, 12], "max_tokens": 3})
+        ck.report(st == 200 and b["usage"]["prompt_tokens"] == 3, "a prompt of token ids", b)
+        st, b = s.request("POST", "/v1/next-token", {"text": "And God", "top_k": 5, "temperature": 0.7})
+        ok = st == 200 and len(b["top"]) == 5 and all(b["top"][i]["logit"] >= b["top"][i + 1]["logit"] for i in range(4))
+        ok = ok and abs(sum(x["prob"] for x in b["top"])) <= 1 + 1e-9
+        st2, b2 = s.request("POST", "/v1/next-token", {"text": "And God", "top_k": 5, "temperature": 2.0})
+        ck.report(ok and st2 == 200 and b2["top"][0]["prob"] < b["top"][0]["prob"],
+                  "/v1/next-token: top-k by logit; a higher temperature flattens", (b, b2))
+
+        # bad requests: each one error naming the field
+        bad = [
+            ("malformed JSON", None, '{"prompt": "x", ', 400, None, "not valid JSON"),
+            ("a JSON array", None, "[1, 2]", 400, None, "expected an object"),
+            ("no prompt", {"max_tokens": 3}, None, 400, "prompt", "required"),
+            ("an unknown field", {"prompt": "x", "frobnicate": 1}, None, 400, "frobnicate", "unknown field"),
+            ("max_tokens 0", {"prompt": "x", "max_tokens": 0}, None, 400, "max_tokens", None),
+            ("max_tokens -5", {"prompt": "x", "max_tokens": -5}, None, 400, "max_tokens", None),
+            ("max_tokens a string", {"prompt": "x", "max_tokens": "9"}, None, 400, "max_tokens", None),
+            ("max_tokens over --max-tokens", {"prompt": "x", "max_tokens": 65}, None, 400, "max_tokens", None),
+            ("max_tokens 1e30", None, '{"prompt": "x", "max_tokens": 1e30}', 400, "max_tokens", None),
+            ("temperature -1", {"prompt": "x", "temperature": -1}, None, 400, "temperature", None),
+            ("top_p 0", {"prompt": "x", "top_p": 0}, None, 400, "top_p", None),
+            ("n over the slots", {"prompt": "x", "n": 5}, None, 400, "n", None),
+            ("stream a string", {"prompt": "x", "stream": "yes"}, None, 400, "stream", None),
+            ("stop of 5 strings", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "stop", None),
+            ("a prompt list of strings", {"prompt": ["a", "b"]}, None, 400, "prompt", None),
+            ("a token id outside", {"prompt": [1, 999999]}, None, 400, "prompt", None),
+            ("presence_penalty", {"prompt": "x", "presence_penalty": 1}, None, 400, "presence_penalty", None),
+            ("prompt + max_tokens over the context", {"prompt": "y" * 60, "max_tokens": 64}, None, 400, "max_tokens",
+             "context"),
+        ]
+        for what, body, raw, status, param, needle in bad:
+            st, b = s.request("POST", "/v1/completions", body, raw=raw)
+            error_of(ck, "400: " + what, st, b, status, param, needle)
+        st, b = s.request("POST", "/v1/completions", raw='{"prompt": "' + "x" * 5000 + '"}')
+        error_of(ck, "413: a body over --max-body", st, b, 413)
+        st, b = s.request("POST", "/v1/nothing", {"prompt": "x"})
+        error_of(ck, "404: an unknown route", st, b, 404)
+        st, b = s.request("POST", "/v1/translations", {"text": ["x"]})
+        error_of(ck, "400: translations on a language model", st, b, 400, None, "translate model")
+
+        # a client that goes away mid-stream frees its slot
+        st, ev = s.stream({"prompt": "And", "max_tokens": 64, "temperature": 0}, stop_after=2)
+        freed = False
+        for _ in range(100):
+            st, h = s.request("GET", "/health", key=None)
+            if h["decoding"] == 0 and h["waiting"] == 0:
+                freed = True
+                break
+            time.sleep(0.05)
+        ck.report(len(ev) == 2 and freed, "a client gone mid-stream frees its slot", h)
+
+        # load: a few hundred mixed requests from 8 threads, every answer checked
+        rng = random.Random(3)
+        kinds = ["greedy", "sample", "stream", "bad_json", "bad_field", "bad_range", "next", "models", "nokey", "n2"]
+        plan = [rng.choice(kinds) for _ in range(240)]
+        wrong = []
+
+        def worker(items):
+            for i, kind in items:
+                try:
+                    if kind == "greedy":
+                        st, b = s.request("POST", "/v1/completions", base)
+                        ok = st == 200 and b["choices"][0]["text"] == alone["choices"][0]["text"]
+                    elif kind == "sample":
+                        st, b = s.request("POST", "/v1/completions", {"prompt": "Let", "max_tokens": 6, "seed": i,
+                                                                      "temperature": 0.8, "top_k": 20})
+                        ok = st == 200 and completion_ok(b)
+                    elif kind == "n2":
+                        st, b = s.request("POST", "/v1/completions", {"prompt": "Let", "max_tokens": 5, "n": 2,
+                                                                      "temperature": 1.2, "seed": i})
+                        ok = st == 200 and completion_ok(b, 2)
+                    elif kind == "stream":
+                        st, ev = s.stream(base)
+                        ok = st == 200 and ev[-1] == "DONE" and stream_text(ev)[0][0] == alone["choices"][0]["text"]
+                    elif kind == "bad_json":
+                        st, b = s.request("POST", "/v1/completions", raw="{nope")
+                        ok = st == 400 and "not valid JSON" in b["error"]["message"]
+                    elif kind == "bad_field":
+                        st, b = s.request("POST", "/v1/completions", {"prompt": "x", "bogus": True})
+                        ok = st == 400 and b["error"]["param"] == "bogus"
+                    elif kind == "bad_range":
+                        st, b = s.request("POST", "/v1/completions", {"prompt": "x", "top_k": -1})
+                        ok = st == 400 and b["error"]["param"] == "top_k"
+                    elif kind == "next":
+                        st, b = s.request("POST", "/v1/next-token", {"text": "And", "top_k": 3})
+                        ok = st == 200 and len(b["top"]) == 3
+                    elif kind == "models":
+                        st, b = s.request("GET", "/v1/models")
+                        ok = st == 200
+                    else:
+                        st, b = s.request("POST", "/v1/completions", base, key=None)
+                        ok = st == 401
+                    if not ok:
+                        wrong.append((kind, st, b))
+                except Exception as e:  # a dropped connection, a hang: wrong answers too
+                    wrong.append((kind, repr(e)))
+
+        items = list(enumerate(plan))
+        threads = [threading.Thread(target=worker, args=(items[k::8],)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        st, h = s.request("GET", "/health", key=None)
+        ck.report(not wrong and st == 200 and h["status"] == "ok",
+                  "load: %d mixed requests from 8 threads, every answer right, still healthy" % len(plan), wrong[:3])
+        ck.report(s.proc.poll() is None, "the server is still running")
+    finally:
+        s.stop()
+
+    # a full queue: 429
+    s = Server(qkv, lm, "--slots", "1", "--max-queue", "1")
+    try:
+        results = []
+
+        def long_request():
+            results.append(s.request("POST", "/v1/completions", {"prompt": "And", "max_tokens": 60,
+                                                                 "temperature": 0}, key=None))
+
+        threads = [threading.Thread(target=long_request) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = sorted(r[0] for r in results)
+        refused = [r for r in results if r[0] == 429]
+        ck.report(200 in codes and refused and all(r[0] in (200, 429) for r in results) and
+                  "queue is full" in refused[0][1]["error"]["message"], "a full queue answers 429", codes)
+        # SIGTERM drains: a stream in flight ends with [DONE]; the process exits 0
+        out = {}
+
+        def streaming():
+            out["r"] = s.stream({"prompt": "And", "max_tokens": 60, "temperature": 0}, key="")
+
+        t = threading.Thread(target=streaming)
+        t.start()
+        time.sleep(0.3)
+        s.proc.send_signal(signal.SIGTERM)
+        t.join()
+        rc = s.proc.wait(30)
+        st, ev = out["r"]
+        ck.report(st == 200 and ev and ev[-1] == "DONE" and rc == 0, "SIGTERM drains the stream in flight, exit 0",
+                  (st, len(ev), rc))
+    finally:
+        s.stop()
+
+
+def task_checks(ck, qkv, tr, cls, work):
+    s = Server(qkv, tr)
+    try:
+        lines = ["one two three", "nine four", "", "five"]
+        st, b = s.request("POST", "/v1/translations", {"text": lines, "beam": 1}, key=None)
+        want = run([qkv, "--threads", "2", "translate", "--model", tr, "--beam", "1"], input="\n".join(lines) + "\n")
+        ck.report(st == 200 and b["translations"] == want.split("\n")[:len(lines)],
+                  "/v1/translations equals qkv translate (greedy)", (b, want))
+        st, b = s.request("POST", "/v1/translations", {"text": "the cat", "beam": 4}, key=None)
+        ck.report(st == 200 and len(b["translations"]) == 1, "/v1/translations with a beam of 4", b)
+        st, b = s.request("POST", "/v1/translations", {"text": ["x"], "beam": 0}, key=None)
+        error_of(ck, "400: beam 0", st, b, 400, "beam")
+        st, b = s.request("POST", "/v1/completions", {"prompt": "x"}, key=None)
+        error_of(ck, "400: completions on a translator", st, b, 400, None, "lm model")
+    finally:
+        s.stop()
+    s = Server(qkv, cls)
+    try:
+        lines = ["one two three", "seven"]
+        st, b = s.request("POST", "/v1/classifications", {"text": lines}, key=None)
+        want = [l.split("\t") for l in run([qkv, "--threads", "2", "classify", "--model", cls],
+                                           input="\n".join(lines) + "\n").rstrip("\n").split("\n")]
+        ok = st == 200 and len(b["classifications"]) == 2
+        for got, w in zip(b["classifications"] if ok else [], want):
+            ok = ok and got["label"] == w[0] and abs(got["prob"] - float(w[1])) < 1e-3 and \
+                abs(sum(got["probs"].values()) - 1) < 1e-9
+        ck.report(ok, "/v1/classifications equals qkv classify", (b, want))
+    finally:
+        s.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--qkv", required=True)
+    ap.add_argument("--keep", help="work directory to keep")
+    a = ap.parse_args()
+    qkv = os.path.abspath(a.qkv)
+    work = a.keep or tempfile.mkdtemp(prefix="serve_test.")
+    os.makedirs(work, exist_ok=True)
+    words = "zero one two three four five six seven eight nine".split()
+    rng = random.Random(1)
+    with open(os.path.join(work, "text.txt"), "w") as f:
+        for i in range(300):
+            f.write("And God said let there be %s and %s\n" % (rng.choice(words), rng.choice(words)))
+    with open(os.path.join(work, "pairs.tsv"), "w") as f:
+        for i in range(200):
+            w = rng.sample(words, 3)
+            f.write("%s\t%s\n" % (" ".join(w), " ".join(reversed(w))))
+    with open(os.path.join(work, "labels.tsv"), "w") as f:
+        for i in range(200):
+            w = rng.sample(words, 2)
+            f.write("%s\t%s\n" % ("odd" if words.index(w[0]) % 2 else "even", " ".join(w)))
+    common = ["--threads", "2", "train", "--steps", "6", "--preset", "tiny", "--max-len", "96", "--seed", "1"]
+    lm, tr, cls = (os.path.join(work, n) for n in ("lm", "tr", "cls"))
+    for d in (lm, tr, cls):
+        shutil.rmtree(d, ignore_errors=True)
+    run([qkv] + common + ["--task", "lm", "--data", os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"])
+    run([qkv] + common + ["--task", "translate", "--data", os.path.join(work, "pairs.tsv"), "--out", tr, "--tokenizer",
+                          "byte"])
+    run([qkv] + common + ["--task", "classify", "--data", os.path.join(work, "labels.tsv"), "--out", cls, "--tokenizer",
+                          "byte"])
+    ck = Checks()
+    lm_checks(ck, qkv, lm)
+    task_checks(ck, qkv, tr, cls, work)
+    print("%d passed, %d failed" % (ck.passed, ck.failed))
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ck.failed == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()

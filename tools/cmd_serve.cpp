@@ -1,0 +1,706 @@
+// qkv serve: a model behind an HTTP API that OpenAI's clients speak.
+//
+// cpp-httplib (Debian's libcpp-httplib-dev) takes the connections on its thread pool; handlers
+// only parse, validate and queue (docs/design.md, "Serving"). One Scheduler thread owns the model:
+// completions decode with continuous batching, everything else runs on it as a job between
+// steps. Every limit is explicit: body size (413), queue length (429), max_tokens, context length.
+// Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_checks.h"
+#include "commands.h"
+#include "qkv/qkv.h"
+#include "qkv/scheduler.h"
+#include "qkv/signals.h"
+#include "qkv/tokenizer.h"
+#include "task_util.h"
+
+namespace qkv::cli {
+namespace {
+
+using Json = nlohmann::json;
+namespace fs = std::filesystem;
+
+struct ServeOptions {
+  std::string model, host = "127.0.0.1", api_key;
+  int port = 8080;
+  int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Errors as OpenAI writes them
+
+struct HttpError {
+  int status;
+  std::string message, type, param;
+};
+
+[[noreturn]] void bad(const std::string& param, const std::string& message) {
+  throw HttpError{400, message, "invalid_request_error", param};
+}
+
+void reply_error(httplib::Response& res, const HttpError& e) {
+  res.status = e.status;
+  const Json j = {{"error",
+                   {{"message", e.message},
+                    {"type", e.type},
+                    {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+                    {"code", nullptr}}}};
+  res.set_content(j.dump(), "application/json");
+}
+
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+// A request's JSON object, read field by field; a field nobody read is an error (a typo, or an
+// option qkv does not have), as is a wrong type or a value out of range. Each names the field.
+class Fields {
+ public:
+  explicit Fields(const std::string& body) {
+    try {
+      j_ = Json::parse(body);
+    } catch (const Json::exception& e) {
+      bad("", std::string("the body is not valid JSON: ") + e.what());
+    }
+    if (!j_.is_object()) bad("", std::string("the body is JSON ") + j_.type_name() + "; expected an object");
+  }
+  bool has(const char* k) const { return j_.contains(k) && !j_[k].is_null(); }
+  const Json* get(const char* k) {
+    seen_.insert(k);
+    return has(k) ? &j_[k] : nullptr;
+  }
+  int64_t integer(const char* k, int64_t lo, int64_t hi, int64_t fallback) {
+    const Json* v = get(k);
+    if (!v) return fallback;
+    const auto out_of_range = [&] {
+      bad(k, detail::concat("'", k, "' is ", v->dump(), "; expected a whole number in [", lo, ", ", hi, "]"));
+    };
+    if (!v->is_number_integer()) out_of_range();
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(hi)) out_of_range();
+    const int64_t x = v->is_number_unsigned() ? static_cast<int64_t>(v->get<uint64_t>()) : v->get<int64_t>();
+    if (x < lo || x > hi) out_of_range();
+    return x;
+  }
+  double number(const char* k, double lo, double hi, double fallback) {
+    const Json* v = get(k);
+    if (!v) return fallback;
+    if (!v->is_number() || !std::isfinite(v->get<double>()) || v->get<double>() < lo || v->get<double>() > hi)
+      bad(k, detail::concat("'", k, "' is ", v->dump(), "; expected a number in [", lo, ", ", hi, "]"));
+    return v->get<double>();
+  }
+  bool boolean(const char* k, bool fallback) {
+    const Json* v = get(k);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad(k, detail::concat("'", k, "' is ", v->dump(), "; expected true or false"));
+    return v->get<bool>();
+  }
+  // A string, or a list of strings (1 .. most, each non-empty when `nonempty`).
+  std::vector<std::string> strings(const char* k, size_t most, bool required, bool nonempty) {
+    const Json* v = get(k);
+    if (!v) {
+      if (required) bad(k, detail::concat("'", k, "' is required"));
+      return {};
+    }
+    std::vector<std::string> out;
+    if (v->is_string()) {
+      out.push_back(v->get<std::string>());
+    } else if (v->is_array() && !v->empty() && v->size() <= most) {
+      for (const Json& e : *v) {
+        if (!e.is_string()) bad(k, detail::concat("'", k, "' holds ", e.type_name(), "; expected strings"));
+        out.push_back(e.get<std::string>());
+      }
+    } else {
+      bad(k, detail::concat("'", k, "' is ", v->type_name(), v->is_array() ? detail::concat(" of ", v->size()) : "",
+                            "; expected a string or a list of 1 .. ", most, " strings"));
+    }
+    for (const std::string& s : out) {
+      if (const std::string why = utf8_problem(s); !why.empty()) bad(k, detail::concat("'", k, "': ", why));
+      if (nonempty && s.empty()) bad(k, detail::concat("'", k, "' holds an empty string"));
+    }
+    return out;
+  }
+  void done() const {
+    for (auto it = j_.begin(); it != j_.end(); ++it)
+      if (!seen_.count(it.key())) bad(it.key(), detail::concat("unknown field '", it.key(), "'"));
+  }
+
+ private:
+  Json j_;
+  std::set<std::string> seen_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// One completion request's events, between the scheduler thread and the handler thread
+
+struct Completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<TokenEvent> events;
+  std::vector<char> cancelled;  // per choice: the handler wants it stopped (a stop string)
+  std::atomic<bool> gone{false};  // the client went away
+  explicit Completion(int64_t n) : cancelled(static_cast<size_t>(n), 0) {}
+  // On the scheduler thread: queue the event; false ends the choice (client gone, stop string).
+  bool take(const TokenEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    events.push_back(e);
+    cv.notify_all();
+    return !gone && !cancelled[static_cast<size_t>(e.choice)];
+  }
+};
+
+// The text of one choice as tokens arrive: decoded with the prompt (a tokenizer may mark a word
+// start on the following token), stop strings found, and only text that can no longer change
+// handed out (not a trailing U+FFFD of an unfinished character, nor what may begin a stop string).
+struct ChoiceText {
+  std::vector<int32_t> ids;
+  std::string sent;  // handed out so far
+  std::string text;  // the whole completion, once ended
+  std::string finish;
+  bool ended = false;
+  Json logprobs = Json::object();
+};
+
+class Server {
+ public:
+  explicit Server(const ServeOptions& o) : o_(o) {
+    check(fs::is_directory(o.model), "--model ", o.model, ": not a directory");
+    info_ = model_task_info(o.model);
+    model_ = std::make_unique<Model>(load_model(o.model));
+    tok_ = load_tokenizer(o.model);
+    check(tok_->vocab_size() <= model_->config().vocab_size, "--model ", o.model, ": the tokenizer's vocabulary (",
+          tok_->vocab_size(), ") is larger than config.json's vocab_size (", model_->config().vocab_size, ")");
+    id_ = fs::path(fs::absolute(o.model)).lexically_normal().filename().string();
+    if (id_.empty()) id_ = "model";
+    SchedulerOptions so;
+    so.slots = o.slots;
+    so.max_queue = o.max_queue;
+    const ModelConfig& c = model_->config();
+    so.max_len = o.max_len > 0 ? o.max_len : c.positional == Positional::Learned ? c.max_len : 2048;
+    sched_ = std::make_unique<Scheduler>(*model_, so);
+    routes();
+  }
+
+  // Binds and serves until stop(); port 0 takes a free port. Prints where it listens.
+  int run(StopRequest& stop) {
+    int port = o_.port;
+    if (port == 0) {
+      port = http_.bind_to_any_port(o_.host);
+      check(port > 0, "serve: cannot bind to a port on ", o_.host);
+    } else {
+      check(http_.bind_to_port(o_.host, port), "serve: cannot bind to ", o_.host, ":", port,
+            " (in use, or not an address of this machine)");
+    }
+    std::fprintf(stderr, "qkv serve: %s (%s, %s) on http://%s:%d/  (%lld slots, queue %lld)\n", o_.model.c_str(),
+                 task_name(info_.task), arch_name(model_->config().arch), o_.host.c_str(), port,
+                 static_cast<long long>(o_.slots), static_cast<long long>(o_.max_queue));
+    std::printf("http://%s:%d/\n", o_.host.c_str(), port);
+    std::fflush(stdout);
+    // SIGTERM / SIGINT: refuse new requests (503), let the ones in flight finish, then stop
+    std::thread watcher([&] {
+      while (!stop.requested() && !stopped_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (stopped_) return;
+      std::fprintf(stderr, "qkv serve: stopping: finishing %lld requests in flight\n",
+                   static_cast<long long>(sched_->waiting() + sched_->decoding()));
+      draining_ = true;
+      sched_->drain();
+      while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      http_.stop();
+    });
+    const bool ok = http_.listen_after_bind();
+    const bool drained = draining_;
+    stopped_ = true;
+    watcher.join();
+    check(ok || drained, "serve: the server stopped unexpectedly");
+    std::fprintf(stderr, "qkv serve: stopped\n");
+    return 0;
+  }
+
+ private:
+  // Every handler: counted in flight, errors turned into OpenAI's JSON, never an exception out.
+  template <class F>
+  httplib::Server::Handler handler(F f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
+      ++in_flight_;
+      try {
+        if (draining_) throw HttpError{503, "the server is shutting down", "server_error", ""};
+        f(req, res);
+      } catch (const HttpError& e) {
+        reply_error(res, e);
+      } catch (const QueueFull& e) {
+        reply_error(res, {429, e.what(), "rate_limit_exceeded", ""});
+      } catch (const Error& e) {
+        reply_error(res, {400, e.what(), "invalid_request_error", ""});
+      } catch (const std::exception& e) {
+        reply_error(res, {500, e.what(), "server_error", ""});
+      }
+      --in_flight_;
+    };
+  }
+
+  void need_task(Task t, const char* route) const {
+    if (info_.task != t)
+      throw HttpError{400,
+                      detail::concat(route, " needs a ", task_name(t), " model; this one is a ", task_name(info_.task),
+                                     " model"),
+                      "invalid_request_error", ""};
+  }
+
+  void routes() {
+    http_.set_payload_max_length(static_cast<size_t>(o_.max_body));
+    http_.set_read_timeout(30);
+    http_.set_write_timeout(30);
+    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
+        return httplib::Server::HandlerResponse::Unhandled;
+      reply_error(res, {401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error", ""});
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;  // our own error reply
+      if (res.status == 404)
+        reply_error(res, {404, "no route " + req.method + " " + req.path, "not_found", ""});
+      else if (res.status == 413)
+        reply_error(res, {413, "the request body is too large", "invalid_request_error", ""});
+      else
+        reply_error(res, {res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", ""});
+    });
+    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+      reply_error(res, {500, "internal error", "server_error", ""});
+    });
+    http_.Get("/health", handler([this](const httplib::Request&, httplib::Response& res) {
+      const Json j = {{"status", draining_ ? "stopping" : "ok"}, {"model", id_}, {"task", task_name(info_.task)},
+                      {"waiting", sched_->waiting()}, {"decoding", sched_->decoding()}};
+      res.set_content(dump(j), "application/json");
+    }));
+    http_.Get("/v1/models", handler([this](const httplib::Request&, httplib::Response& res) {
+      const Json j = {{"object", "list"},
+                      {"data", {{{"id", id_}, {"object", "model"}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}}}}};
+      res.set_content(dump(j), "application/json");
+    }));
+    http_.Post("/v1/completions", handler([this](const httplib::Request& req, httplib::Response& res) {
+      need_task(Task::LanguageModel, "/v1/completions");
+      completions(req, res);
+    }));
+    http_.Post("/v1/next-token", handler([this](const httplib::Request& req, httplib::Response& res) {
+      need_task(Task::LanguageModel, "/v1/next-token");
+      next_token(req, res);
+    }));
+    http_.Post("/v1/translations", handler([this](const httplib::Request& req, httplib::Response& res) {
+      need_task(Task::Translate, "/v1/translations");
+      translations(req, res);
+    }));
+    http_.Post("/v1/classifications", handler([this](const httplib::Request& req, httplib::Response& res) {
+      need_task(Task::Classify, "/v1/classifications");
+      classifications(req, res);
+    }));
+  }
+
+  // ---- /v1/completions --------------------------------------------------------------------------
+
+  struct CompletionParams {
+    CompletionRequest r;
+    std::vector<std::string> stop;
+    bool stream = false, echo = false;
+    std::string prompt_text;
+  };
+
+  CompletionParams parse_completion(const std::string& body) {
+    Fields f(body);
+    CompletionParams p;
+    if (const Json* m = f.get("model"); m && !m->is_string()) bad("model", "'model' must be a string");
+    f.get("user");  // OpenAI's end-user tag: not used
+    const Json* prompt = f.get("prompt");
+    if (!prompt) bad("prompt", "'prompt' is required (a string, or a list of token ids)");
+    if (prompt->is_string()) {
+      p.prompt_text = prompt->get<std::string>();
+      if (const std::string why = utf8_problem(p.prompt_text); !why.empty()) bad("prompt", "'prompt': " + why);
+      p.r.prompt = prompt_ids(*tok_, p.prompt_text);
+    } else if (prompt->is_array() && !prompt->empty()) {
+      for (const Json& t : *prompt) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok_->vocab_size())
+          bad("prompt", detail::concat("'prompt' holds ", t.dump(), "; a list prompt holds token ids in [0, ",
+                                       tok_->vocab_size(), ")"));
+        p.r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+      }
+      p.prompt_text = tok_->decode(p.r.prompt);
+    } else {
+      bad("prompt", "'prompt' must be a string or a non-empty list of token ids (one prompt per request)");
+    }
+    p.r.max_tokens = f.integer("max_tokens", 1, o_.max_tokens, std::min<int64_t>(16, o_.max_tokens));
+    const double temperature = f.number("temperature", 0, 100, 1.0);
+    p.r.sampling.greedy = temperature == 0;
+    p.r.sampling.temperature = static_cast<float>(temperature == 0 ? 1.0 : temperature);
+    p.r.sampling.top_p = static_cast<float>(f.number("top_p", 1e-6, 1, 1));
+    p.r.sampling.top_k = f.integer("top_k", 0, 1 << 30, 0);
+    p.r.sampling.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 0.01, 100, 1));
+    p.r.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MAX, 0));
+    p.r.n = f.integer("n", 1, o_.slots, 1);
+    p.r.top_logprobs = f.integer("logprobs", 0, 20, 0);
+    p.stream = f.boolean("stream", false);
+    p.echo = f.boolean("echo", false);
+    for (const char* k : {"presence_penalty", "frequency_penalty"})
+      if (f.number(k, -2, 2, 0) != 0) bad(k, detail::concat("'", k, "' is not supported (use repetition_penalty)"));
+    p.stop = f.strings("stop", 4, false, true);
+    f.done();
+    p.r.eos_id = tok_->eos_id();
+    const int64_t context = sched_->options().max_len;
+    if (static_cast<int64_t>(p.r.prompt.size()) + p.r.max_tokens > context)
+      bad("max_tokens", detail::concat("the prompt (", p.r.prompt.size(), " tokens) + max_tokens (", p.r.max_tokens,
+                                       ") exceed the model's context of ", context, " tokens"));
+    return p;
+  }
+
+  // Folds the events waiting in `c` into the choices' texts; returns the chunks of newly settled
+  // text (choice, delta, logprobs of its tokens, finish or "").
+  struct Delta {
+    int64_t choice;
+    std::string text, finish;
+    Json logprobs;
+  };
+  std::vector<Delta> fold(Completion& c, std::vector<ChoiceText>& choices, const CompletionParams& p,
+                          const std::string& base) {
+    std::deque<TokenEvent> ev;
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      ev.swap(c.events);
+    }
+    std::vector<Delta> out;
+    for (const TokenEvent& e : ev) {
+      ChoiceText& ch = choices[static_cast<size_t>(e.choice)];
+      if (ch.ended) continue;  // after a stop string: the tokens the scheduler made meanwhile
+      Delta d{e.choice, "", "", nullptr};
+      if (e.token >= 0 && e.token != p.r.eos_id) {
+        ch.ids.push_back(e.token);
+        if (p.r.top_logprobs > 0) {
+          Json top = Json::object();
+          for (const auto& [t, lp] : e.top) top[tok_->decode({t})] = lp;
+          d.logprobs = {{"tokens", {tok_->decode({e.token})}}, {"token_logprobs", {e.logprob}}, {"top_logprobs", {top}}};
+        }
+      }
+      // full <- the completion's text: decode(prompt + ids) past decode(prompt)
+      std::vector<int32_t> all = p.r.prompt;
+      all.insert(all.end(), ch.ids.begin(), ch.ids.end());
+      std::string full = tok_->decode(all);
+      full = full.compare(0, base.size(), base) == 0 ? full.substr(base.size()) : tok_->decode(ch.ids);
+      // a stop string ends the choice before it
+      size_t cut = std::string::npos;
+      for (const std::string& s : p.stop) cut = std::min(cut, full.find(s));
+      std::string settled = full;
+      if (cut != std::string::npos) {
+        settled = full.substr(0, cut);
+        ch.ended = true;
+        ch.finish = "stop";
+        std::lock_guard<std::mutex> lock(c.mu);
+        c.cancelled[static_cast<size_t>(e.choice)] = 1;
+      } else if (e.last) {
+        ch.ended = true;
+        ch.finish = e.finish;
+      } else {
+        // hold back an unfinished character and what may begin a stop string
+        while (settled.size() >= 3 && settled.compare(settled.size() - 3, 3, "\xEF\xBF\xBD") == 0)
+          settled.resize(settled.size() - 3);
+        size_t hold = 0;
+        for (const std::string& s : p.stop)
+          for (size_t k = std::min(s.size() - 1, settled.size()); k > hold; --k)
+            if (settled.compare(settled.size() - k, k, s, 0, k) == 0) {
+              hold = k;
+              break;
+            }
+        settled.resize(settled.size() - hold);
+        while (!settled.empty() && (static_cast<unsigned char>(settled.back()) & 0xc0) == 0x80 &&
+               invalid_utf8_offset(settled) >= 0)
+          settled.pop_back();
+      }
+      if (settled.size() > ch.sent.size() && settled.compare(0, ch.sent.size(), ch.sent) == 0) {
+        d.text = settled.substr(ch.sent.size());
+        ch.sent = settled;
+      }
+      if (ch.ended) {
+        ch.text = settled;
+        d.finish = ch.finish;
+      }
+      if (!d.text.empty() || !d.finish.empty() || !d.logprobs.is_null()) out.push_back(std::move(d));
+    }
+    return out;
+  }
+
+  void completions(const httplib::Request& req, httplib::Response& res) {
+    auto p = std::make_shared<CompletionParams>(parse_completion(req.body));
+    auto c = std::make_shared<Completion>(p->r.n);
+    auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(p->r.n));
+    const std::string base = tok_->decode(p->r.prompt);
+    // the sink holds the Completion alive for the scheduler
+    sched_->submit(p->r, [c](const TokenEvent& e) { return c->take(e); });
+    const std::string cid = "cmpl-" + std::to_string(++next_id_);
+    const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    const auto all_ended = [choices] {
+      return std::all_of(choices->begin(), choices->end(), [](const ChoiceText& t) { return t.ended; });
+    };
+    if (!p->stream) {
+      std::vector<Json> lp(static_cast<size_t>(p->r.n), Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}});
+      while (!all_ended()) {
+        {
+          std::unique_lock<std::mutex> lock(c->mu);
+          c->cv.wait(lock, [&] { return !c->events.empty(); });
+        }
+        for (const Delta& d : fold(*c, *choices, *p, base))
+          if (!d.logprobs.is_null())
+            for (const char* k : {"tokens", "token_logprobs", "top_logprobs"})
+              lp[static_cast<size_t>(d.choice)][k].push_back(d.logprobs[k][0]);
+      }
+      Json out = {{"id", cid}, {"object", "text_completion"}, {"created", created}, {"model", id_}};
+      int64_t generated = 0;
+      for (int64_t i = 0; i < p->r.n; ++i) {
+        const ChoiceText& ch = (*choices)[static_cast<size_t>(i)];
+        if (ch.finish.rfind("error: ", 0) == 0) throw HttpError{500, ch.finish.substr(7), "server_error", ""};
+        generated += static_cast<int64_t>(ch.ids.size());
+        out["choices"].push_back({{"index", i},
+                                  {"text", (p->echo ? p->prompt_text : std::string()) + ch.text},
+                                  {"logprobs", p->r.top_logprobs > 0 ? lp[static_cast<size_t>(i)] : Json(nullptr)},
+                                  {"finish_reason", ch.finish}});
+      }
+      const auto P = static_cast<int64_t>(p->r.prompt.size());
+      out["usage"] = {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}};
+      res.set_content(dump(out), "application/json");
+      return;
+    }
+    // streaming: server-sent events, one chunk per settled piece of text, then [DONE]
+    ++in_flight_;  // until the provider finishes (the handler returns first)
+    auto sent_echo = std::make_shared<bool>(!p->echo);
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, p, c, choices, base, cid, created, all_ended, sent_echo](size_t, httplib::DataSink& sink) {
+          const auto chunk = [&](int64_t i, const std::string& text, const Json& lps, const std::string& finish) {
+            const Json j = {{"id", cid},
+                            {"object", "text_completion"},
+                            {"created", created},
+                            {"model", id_},
+                            {"choices",
+                             {{{"index", i},
+                               {"text", text},
+                               {"logprobs", lps},
+                               {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
+            const std::string s = "data: " + dump(j) + "\n\n";
+            return sink.write(s.data(), s.size());
+          };
+          if (!*sent_echo) {
+            *sent_echo = true;
+            for (int64_t i = 0; i < p->r.n; ++i)
+              if (!chunk(i, p->prompt_text, nullptr, "")) return c->gone = true, false;
+          }
+          while (!all_ended()) {
+            {
+              std::unique_lock<std::mutex> lock(c->mu);
+              c->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !c->events.empty(); });
+            }
+            if (!sink.is_writable()) return c->gone = true, false;  // the client went away
+            for (const Delta& d : fold(*c, *choices, *p, base))
+              if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish))
+                return c->gone = true, false;
+          }
+          const std::string end = "data: [DONE]\n\n";
+          sink.write(end.data(), end.size());
+          sink.done();
+          return true;
+        },
+        [this, c](bool) {
+          c->gone = true;  // however it ended, the scheduler may free the slots
+          --in_flight_;
+        });
+  }
+
+  // ---- /v1/next-token ---------------------------------------------------------------------------
+
+  void next_token(const httplib::Request& req, httplib::Response& res) {
+    Fields f(req.body);
+    const std::string text = f.strings("text", 1, true, false)[0];
+    const double temperature = f.number("temperature", 1e-4, 100, 1.0);
+    const int64_t top_k = f.integer("top_k", 1, 1000, 10);
+    f.done();
+    const std::vector<int32_t> ids = prompt_ids(*tok_, text);
+    const int64_t limit = sched_->options().max_len;
+    if (static_cast<int64_t>(ids.size()) > limit)
+      bad("text", detail::concat("'text' is ", ids.size(), " tokens; the model reads at most ", limit));
+    const std::vector<float> z = sched_->run([&ids](const Model& m) {
+      Batch b;
+      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
+      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
+      Tape tape;
+      tape.recording = false;
+      const Tensor logits = m.logits(tape, b)->value;  // (1, T, V)
+      const int64_t V = logits.size(-1);
+      const float* last = logits.data<float>() + (static_cast<int64_t>(ids.size()) - 1) * V;
+      return std::vector<float>(last, last + V);
+    }).get();
+    const auto V = static_cast<int64_t>(z.size());
+    for (int64_t v = 0; v < V; ++v)
+      if (!std::isfinite(z[v])) throw HttpError{500, "the model's logits are not finite", "server_error", ""};
+    // p <- softmax(z / temperature), max subtracted first; the top_k by logit (ties: lower id)
+    double mx = -INFINITY, sum = 0;
+    for (float v : z) mx = std::max(mx, static_cast<double>(v) / temperature);
+    for (float v : z) sum += std::exp(static_cast<double>(v) / temperature - mx);
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) order[v] = static_cast<int32_t>(v);
+    const int64_t k = std::min(top_k, V);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t b) { return z[a] != z[b] ? z[a] > z[b] : a < b; });
+    Json top = Json::array();
+    for (int64_t i = 0; i < k; ++i) {
+      const int32_t id = order[i];
+      const bool known = id < tok_->vocab_size();
+      top.push_back({{"id", id},
+                     {"token", known ? tok_->decode({id}) : ""},
+                     {"piece", known ? tok_->piece(id) : ""},
+                     {"logit", z[id]},
+                     {"prob", std::exp(static_cast<double>(z[id]) / temperature - mx) / sum}});
+    }
+    Json pieces = Json::array();
+    for (int32_t id : ids) pieces.push_back(tok_->piece(id));
+    res.set_content(dump({{"tokens", pieces}, {"ids", ids}, {"temperature", temperature}, {"top", top}}),
+                    "application/json");
+  }
+
+  // ---- /v1/translations, /v1/classifications ---------------------------------------------------------
+
+  void translations(const httplib::Request& req, httplib::Response& res) {
+    Fields f(req.body);
+    const std::vector<std::string> texts = f.strings("text", 64, true, false);
+    const int64_t beam = f.integer("beam", 1, 16, 4);
+    const int64_t max_tokens = f.integer("max_tokens", 1, o_.max_tokens, 0);
+    f.done();
+    // a text with no tokens translates to "" (as qkv translate does), the others in one batch
+    std::vector<std::vector<int32_t>> src;
+    std::vector<size_t> todo;
+    const bool own = !tok_->with_special_tokens({}).empty();
+    const ModelConfig& c = model_->config();
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::vector<int32_t> ids = tok_->encode(texts[i]);
+      if (ids.empty()) continue;
+      todo.push_back(i);
+      if (own) ids = tok_->with_special_tokens(ids);
+      else ids.push_back(tok_->eos_id());
+      if (c.positional == Positional::Learned && static_cast<int64_t>(ids.size()) > c.max_len)
+        bad("text", detail::concat("a text of ", ids.size(), " tokens exceeds the model's ", c.max_len, " positions"));
+      src.push_back(std::move(ids));
+    }
+    int64_t longest = 0;
+    for (const auto& s : src) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
+    GenerateConfig g;
+    g.beam_size = beam;
+    g.max_new_tokens = max_tokens > 0 ? max_tokens : std::min<int64_t>(2 * longest + 10, o_.max_tokens);
+    if (c.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, c.max_len);
+    const std::vector<Generation> out =
+        src.empty() ? std::vector<Generation>() : sched_->run([&](const Model& m) { return translate(m, src, g); }).get();
+    std::vector<std::string> tr(texts.size());
+    const int32_t eos = tok_->eos_id();
+    for (size_t k = 0; k < out.size(); ++k) {
+      std::vector<int32_t> t = out[k].tokens;
+      if (!t.empty() && t.back() == eos) t.pop_back();
+      tr[todo[k]] = tok_->decode(t);
+    }
+    res.set_content(dump({{"model", id_}, {"translations", Json(tr)}}), "application/json");
+  }
+
+  void classifications(const httplib::Request& req, httplib::Response& res) {
+    Fields f(req.body);
+    const std::vector<std::string> texts = f.strings("text", 256, true, false);
+    f.done();
+    std::vector<std::vector<int32_t>> rows;
+    for (const std::string& t : texts) {
+      std::vector<int32_t> ids = encode_input(*tok_, t, info_.max_len);
+      if (ids.empty()) ids.push_back(tok_->eos_id());
+      rows.push_back(std::move(ids));
+    }
+    const std::vector<std::vector<float>> z = sched_->run([&rows](const Model& m) {
+      std::vector<std::vector<float>> out;
+      for (const auto& ids : rows) {
+        Batch b;
+        b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
+        std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
+        Tape tape;
+        tape.recording = false;
+        const Tensor l = m.logits(tape, b)->value;
+        out.emplace_back(l.data<float>(), l.data<float>() + l.numel());
+      }
+      return out;
+    }).get();
+    Json results = Json::array();
+    for (const auto& row : z) {
+      double mx = -INFINITY, sum = 0;
+      for (float v : row) {
+        if (!std::isfinite(v)) throw HttpError{500, "the model's logits are not finite", "server_error", ""};
+        mx = std::max(mx, static_cast<double>(v));
+      }
+      for (float v : row) sum += std::exp(static_cast<double>(v) - mx);
+      Json probs = Json::object();
+      size_t best = 0;
+      for (size_t k = 0; k < row.size(); ++k) {
+        probs[info_.labels.at(k)] = std::exp(static_cast<double>(row[k]) - mx) / sum;
+        if (row[k] > row[best]) best = k;
+      }
+      results.push_back({{"label", info_.labels.at(best)}, {"prob", probs[info_.labels.at(best)]}, {"probs", probs}});
+    }
+    res.set_content(dump({{"model", id_}, {"classifications", results}}), "application/json");
+  }
+
+  ServeOptions o_;
+  TaskInfo info_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::string id_;
+  std::unique_ptr<Scheduler> sched_;
+  httplib::Server http_;
+  std::atomic<bool> draining_{false}, stopped_{false};
+  std::atomic<int64_t> in_flight_{0}, next_id_{0};
+};
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* c = app.add_subcommand(
+      "serve", "Serve a model over HTTP: OpenAI-style /v1/completions (streaming), /v1/translations, "
+               "/v1/classifications, /v1/next-token, /health");
+  c->add_option("--model", o->model, "Model directory (qkv's, or a Hugging Face folder)")->required();
+  c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
+  c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
+      ->transform(whole(0, 65535));
+  c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  c->add_option("--slots", o->slots, "Sequences decoded together (continuous batching; default 8)")
+      ->transform(whole(1, 256));
+  c->add_option("--max-len", o->max_len, "Context: prompt + completion tokens at most (default: the model's)")
+      ->transform(whole(2, 1 << 20));
+  c->add_option("--max-queue", o->max_queue, "Requests waiting at most; more get 429 (default 64)")
+      ->transform(whole(1, 1 << 20));
+  c->add_option("--max-body", o->max_body, "Request body bytes at most; more get 413 (default 1 MiB)")
+      ->transform(whole(64, int64_t{1} << 30));
+  c->add_option("--max-tokens", o->max_tokens, "max_tokens a request may ask for (default 1024)")
+      ->transform(whole(1, 1 << 20));
+  return [o] {
+    StopRequest stop;
+    Server server(*o);
+    return server.run(stop);
+  };
+}
+
+}  // namespace qkv::cli
