@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -609,16 +610,64 @@ class Server {
     g.beam_size = beam;
     g.max_new_tokens = max_tokens > 0 ? max_tokens : std::min<int64_t>(2 * longest + 10, o_.max_tokens);
     if (c.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, c.max_len);
-    const std::vector<Generation> out =
-        src.empty() ? std::vector<Generation>() : sched_->run([&](const Model& m) { return translate(m, src, g); }).get();
+    // the texts join whatever other requests wait for translation: one job translates them all,
+    // grouped by their decoding settings (concurrent clients share batches)
+    std::vector<std::shared_ptr<TranslationItem>> items;
+    for (auto& ids : src) items.push_back(std::make_shared<TranslationItem>(TranslationItem{std::move(ids), g, {}}));
+    if (!items.empty()) {
+      std::lock_guard<std::mutex> lock(tr_mu_);
+      sched_->run([this](const Model& m) {
+        flush_translations(m);
+        return 0;
+      });
+      tr_pending_.insert(tr_pending_.end(), items.begin(), items.end());
+    }
     std::vector<std::string> tr(texts.size());
     const int32_t eos = tok_->eos_id();
-    for (size_t k = 0; k < out.size(); ++k) {
-      std::vector<int32_t> t = out[k].tokens;
+    for (size_t k = 0; k < items.size(); ++k) {
+      std::vector<int32_t> t = items[k]->done.get_future().get().tokens;
       if (!t.empty() && t.back() == eos) t.pop_back();
       tr[todo[k]] = tok_->decode(t);
     }
     res.set_content(dump({{"model", id_}, {"translations", Json(tr)}}), "application/json");
+  }
+
+  struct TranslationItem {
+    std::vector<int32_t> src;
+    GenerateConfig g;
+    std::promise<Generation> done;
+  };
+
+  // On the scheduler thread: every waiting translation, in batches of equal settings.
+  void flush_translations(const Model& m) {
+    std::vector<std::shared_ptr<TranslationItem>> all;
+    {
+      std::lock_guard<std::mutex> lock(tr_mu_);
+      all.swap(tr_pending_);
+    }
+    while (!all.empty()) {
+      // a batch: one beam size; it decodes to its longest limit, each text cut to its own (a row's
+      // tokens do not depend on the others' limits)
+      GenerateConfig g = all.front()->g;
+      std::vector<std::shared_ptr<TranslationItem>> batch, rest;
+      for (auto& it : all) (it->g.beam_size == g.beam_size && batch.size() < 64 ? batch : rest).push_back(it);
+      all.swap(rest);
+      std::vector<std::vector<int32_t>> src;
+      for (auto& it : batch) {
+        src.push_back(it->src);
+        g.max_new_tokens = std::max(g.max_new_tokens, it->g.max_new_tokens);
+      }
+      try {
+        std::vector<Generation> out = translate(m, src, g);
+        for (size_t k = 0; k < batch.size(); ++k) {
+          const auto limit = static_cast<size_t>(batch[k]->g.max_new_tokens);
+          if (out[k].tokens.size() > limit) out[k].tokens.resize(limit), out[k].finished = false;
+          batch[k]->done.set_value(out[k]);
+        }
+      } catch (...) {
+        for (auto& it : batch) it->done.set_exception(std::current_exception());
+      }
+    }
   }
 
   void classifications(const httplib::Request& req, httplib::Response& res) {
@@ -672,6 +721,8 @@ class Server {
   httplib::Server http_;
   std::atomic<bool> draining_{false}, stopped_{false};
   std::atomic<int64_t> in_flight_{0}, next_id_{0};
+  std::mutex tr_mu_;
+  std::vector<std::shared_ptr<TranslationItem>> tr_pending_;
 };
 
 }  // namespace
