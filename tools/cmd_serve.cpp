@@ -650,7 +650,8 @@ class Server {
       // tokens do not depend on the others' limits)
       GenerateConfig g = all.front()->g;
       std::vector<std::shared_ptr<TranslationItem>> batch, rest;
-      for (auto& it : all) (it->g.beam_size == g.beam_size && batch.size() < 64 ? batch : rest).push_back(it);
+      const auto most = static_cast<size_t>(o_.slots);  // --slots bounds a translation batch too
+      for (auto& it : all) (it->g.beam_size == g.beam_size && batch.size() < most ? batch : rest).push_back(it);
       all.swap(rest);
       std::vector<std::vector<int32_t>> src;
       for (auto& it : batch) {
@@ -737,7 +738,8 @@ Runner add_serve(CLI::App& app) {
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
       ->transform(whole(0, 65535));
   c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
-  c->add_option("--slots", o->slots, "Sequences decoded together (continuous batching; default 8)")
+  c->add_option("--slots", o->slots,
+                "Sequences decoded together (continuous batching), and sentences per translation batch (default 8)")
       ->transform(whole(1, 256));
   c->add_option("--max-len", o->max_len, "Context: prompt + completion tokens at most (default: the model's)")
       ->transform(whole(2, 1 << 20));

@@ -50,7 +50,7 @@ struct CompletionRequest {
 struct TokenEvent {
   int64_t choice = 0;
   int32_t token = -1;     // -1 for an end without a token (the request was stopped or failed)
-  double logprob = 0;     // log p(token) under the model (temperature 1)
+  double logprob = 0;     // log p(token) under the model (temperature 1), when top_logprobs > 0
   std::vector<std::pair<int32_t, double>> top;  // top_logprobs (token, log p), most probable first
   bool last = false;      // the choice ends here
   std::string finish;     // with last: "stop" (eos), "length" (max_tokens or max_len), "cancelled",

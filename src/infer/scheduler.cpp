@@ -24,20 +24,20 @@ struct Scheduler::Choice {
 
 namespace {
 
-// The event for the token chosen from `z`: its log-probability and the k most probable tokens.
+// The event for the token chosen from `z`; with k > 0 its log-probability and the k most probable
+// tokens (a softmax over the vocabulary, skipped when nobody asked).
 TokenEvent event_for(const float* z, int64_t V, int32_t token, int64_t k) {
   TokenEvent e;
   e.token = token;
+  if (k <= 0) return e;
   const std::vector<double> lp = log_softmax_row(z, V);
   e.logprob = lp[static_cast<size_t>(token)];
-  if (k > 0) {
-    std::vector<int32_t> idx(static_cast<size_t>(V));
-    std::iota(idx.begin(), idx.end(), 0);
-    const int64_t n = std::min(k, V);
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                      [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
-    for (int64_t i = 0; i < n; ++i) e.top.emplace_back(idx[i], lp[idx[i]]);
-  }
+  std::vector<int32_t> idx(static_cast<size_t>(V));
+  std::iota(idx.begin(), idx.end(), 0);
+  const int64_t n = std::min(k, V);
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                    [&](int32_t a, int32_t b) { return lp[a] > lp[b] || (lp[a] == lp[b] && a < b); });
+  for (int64_t i = 0; i < n; ++i) e.top.emplace_back(idx[i], lp[idx[i]]);
   return e;
 }
 
