@@ -1,6 +1,7 @@
 // The GEMM wrapper (oneDNN for matrices, OpenBLAS for single rows): results, and the check for OpenBLAS's generic-kernel fallback.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -79,4 +80,55 @@ TEST(Gemm, FallbackDetection) {
 }
 
 }  // namespace
+// With BatchInvariantGemm, a row's result is bitwise the same at every M (1 .. 64) and thread
+// count, including the rows' bias (beta = 1) and alpha; and as accurate as a plain float dot
+// product: its error against a double product is at most twice that of a sequential float sum.
+TEST(Gemm, BatchInvariantRowsDoNotDependOnTheBatch) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{768, 197}, {37, 64}, {1000, 5}}) {
+    const int64_t M = 64;
+    std::vector<float> A(static_cast<size_t>(M * K)), B(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N));
+    for (auto& x : A) x = nd(rng);
+    for (auto& x : B) x = nd(rng) * 0.05f;
+    for (auto& x : bias) x = nd(rng);
+    const auto product = [&](int64_t m, int threads, float beta) {
+      std::vector<float> C(static_cast<size_t>(m * N));
+      for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), C.begin() + i * N);
+      const int before = num_threads();
+      set_num_threads(threads);
+      {
+        BatchInvariantGemm invariant;
+        sgemm(false, true, m, N, K, 0.5f, A.data(), K, B.data(), K, beta, C.data(), N);
+      }
+      set_num_threads(before);
+      return C;
+    };
+    for (const float beta : {0.0f, 1.0f}) {
+      const std::vector<float> full = product(M, 2, beta);
+      for (int64_t m : {1, 2, 3, 7, 16, 33, 64})
+        for (int threads : {1, 2}) {
+          const std::vector<float> part = product(m, threads, beta);
+          EXPECT_TRUE(std::equal(part.begin(), part.end(), full.begin())) << "K=" << K << " N=" << N << " M=" << m
+                                                                           << " threads=" << threads;
+        }
+      // accuracy: against double, at most twice the error of a sequential float dot product
+      double worst = 0, plain = 0;
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double ref = 0;
+          float seq = 0;
+          for (int64_t k = 0; k < K; ++k) {
+            ref += static_cast<double>(A[i * K + k]) * B[j * K + k];
+            seq += A[i * K + k] * B[j * K + k];
+          }
+          const double add = beta == 0 ? 0.0 : bias[j];
+          worst = std::max(worst, std::abs(full[i * N + j] - (0.5 * ref + add)));
+          plain = std::max(plain, std::abs((0.5f * seq + static_cast<float>(add)) - (0.5 * ref + add)));
+        }
+      EXPECT_LE(worst, 2 * plain + 1e-6) << "K=" << K << " N=" << N;
+    }
+  }
+}
+
 }  // namespace qkv

@@ -481,6 +481,29 @@ TEST(DecodeSlots, JoinAndLeaveBetweenStepsEqualsGenerateAlone) {
       const auto alone = generate(m, {prompts[r]}, greedy(n, true));
       EXPECT_EQ(got[r], alone[0].tokens) << "request " << r;
     }
+    // a sequence's step logits are bitwise the same alone and beside others that join and leave
+    {
+      const auto run = [&](bool crowd) {
+        DecodeSlots ds(m, 4, 32);
+        std::vector<float> z;
+        const int64_t a = ds.add(prompts[0], &z);
+        std::vector<std::vector<float>> seen;
+        int64_t b = -1, c = -1;
+        int32_t tok = 3;
+        for (int step = 0; step < 6; ++step) {
+          if (crowd && step == 1) b = ds.add(prompts[1], &z);
+          if (crowd && step == 2) c = ds.add(prompts[2], &z);
+          if (crowd && step == 4) ds.remove(b), b = -1;  // a row moves
+          std::vector<std::pair<int64_t, int32_t>> feed = {{a, tok}};
+          if (b >= 0) feed.emplace_back(b, 5);
+          if (c >= 0) feed.emplace_back(c, 6);
+          const std::vector<float> out = ds.step(feed);
+          seen.emplace_back(out.begin(), out.begin() + V);
+        }
+        return seen;
+      };
+      EXPECT_EQ(run(false), run(true));
+    }
     // the same prompt alone in an empty batch: bitwise the same first and next logits
     DecodeSlots solo(m, 3, 32);
     std::vector<float> z;
@@ -505,6 +528,7 @@ TEST(DecodeSlots, MisuseGivesClearErrors) {
   slots.add({4}, &z);
   EXPECT_NE(error_of([&] { slots.add({4}, &z); }).find("no free slot"), std::string::npos);
   EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 65); }).find("learned positions"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(m, 65, 8); }).find("1 .. 64"), std::string::npos);
   EXPECT_NE(error_of([&] { DecodeSlots(make(encdec_config()), 2, 8); }).find("decoder-only"), std::string::npos);
 }
 

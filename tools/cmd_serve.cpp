@@ -740,7 +740,7 @@ Runner add_serve(CLI::App& app) {
   c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
   c->add_option("--slots", o->slots,
                 "Sequences decoded together (continuous batching), and sentences per translation batch (default 8)")
-      ->transform(whole(1, 256));
+      ->transform(whole(1, 64));
   c->add_option("--max-len", o->max_len, "Context: prompt + completion tokens at most (default: the model's)")
       ->transform(whole(2, 1 << 20));
   c->add_option("--max-queue", o->max_queue, "Requests waiting at most; more get 429 (default 64)")

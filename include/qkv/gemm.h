@@ -9,6 +9,20 @@ namespace qkv {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// While an object of this class lives, sgemm on the constructing thread computes products of up to
+// 64 rows with B transposed (what a linear layer's forward pass asks: x W^T) by a kernel whose
+// every element is summed in an order that depends on K only: a row's result is bitwise the same
+// whatever other rows share the product and however many threads run it. Decoding with
+// continuous batching (qkv::DecodeSlots) runs its steps this way, so that a sequence's tokens do
+// not depend on the load. It streams B once per call, like the single-row path.
+class BatchInvariantGemm {
+ public:
+  BatchInvariantGemm();
+  ~BatchInvariantGemm();
+  BatchInvariantGemm(const BatchInvariantGemm&) = delete;
+  BatchInvariantGemm& operator=(const BatchInvariantGemm&) = delete;
+};
+
 struct BlasInfo {
   std::string gemm;      // the library behind sgemm for more than one row, e.g. "oneDNN 2.6.3"
   std::string library;   // "OpenBLAS 0.3.21 ..." (single-row products)

@@ -88,16 +88,16 @@ int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>&
 // log softmax of one row of logits, in double.
 std::vector<double> log_softmax_row(const float* logits, int64_t V);
 
-// Continuous batching for a decoder-only model: a fixed number of slots, each holding one
-// sequence's key/value cache. A sequence joins between steps (its prompt runs alone, then its
-// keys and values are copied into a free slot) and leaves when its caller removes it; each step
-// runs one token for every busy slot, at that slot's own position, as one batch. A sequence's
-// results do not depend on what shares the batch: the batch is always all slots wide (free slots
-// run a placeholder token), and rows are computed independently. One thread uses an object at a
-// time.
+// Continuous batching for a decoder-only model: up to `slots` sequences, each with its own
+// key/value cache. A sequence joins between steps (its prompt runs alone, then its keys and
+// values are copied into the batch) and leaves when its caller removes it; each step runs one
+// token for every busy slot, at that slot's own position, as one batch of only the busy rows. A
+// sequence's results do not depend on what shares the batch: the steps' products are
+// batch-invariant (qkv::BatchInvariantGemm), and attention and norms work row by row. One thread
+// uses an object at a time.
 class DecodeSlots {
  public:
-  // slots >= 1; max_len: the longest sequence (prompt + generated) a slot holds.
+  // slots 1 .. 64; max_len: the longest sequence (prompt + generated) a slot holds.
   DecodeSlots(const Model& model, int64_t slots, int64_t max_len);
   ~DecodeSlots();
   DecodeSlots(const DecodeSlots&) = delete;

@@ -13,6 +13,7 @@
 #include "models/model_impl.h"
 #include "qkv/attention.h"
 #include "qkv/error.h"
+#include "qkv/gemm.h"
 #include "qkv/ops.h"
 #include "qkv/parallel.h"
 #include "qkv/rng.h"
@@ -70,15 +71,18 @@ class Session {
   // Runs ids (B, Tn), row-major, through the decoder: row b's token i at position pos[b] + i.
   // Either every pos[b] is equal or Tn == 1 (nn::Step); without the cache, every pos[b] is 0.
   // Returns the logits (B, V) of token last[b] of each row.
+  // `rows` < B: only the cache's first `rows` rows run (DecodeSlots keeps its busy rows there).
   Tensor run(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos,
-             const std::vector<int64_t>& last) {
+             const std::vector<int64_t>& last, int64_t rows = -1) {
+    const int64_t R = rows < 0 ? B_ : rows;
+    check(R >= 1 && R <= B_ && static_cast<int64_t>(pos.size()) == R, name_, ": internal: ", R, " rows of ", B_);
     nn::Step step{pos, Tn};
     check(step.uniform() || Tn == 1, name_, ": internal: ragged positions need one token per step");
     check(cached_ || std::all_of(pos.begin(), pos.end(), [](int64_t p) { return p == 0; }), name_,
           ": internal: without the cache every step starts at position 0");
-    for (int64_t b = 0; b < B_; ++b)
+    for (int64_t b = 0; b < R; ++b)
       check(pos[b] + Tn <= Tmax_, name_, ": position ", pos[b] + Tn - 1, " is beyond the cache's ", Tmax_);
-    Tensor idt({B_, Tn}, DType::I64);
+    Tensor idt({R, Tn}, DType::I64);
     std::copy(ids.begin(), ids.end(), idt.data<int64_t>());
     nn::Context c{tape_, false, 0.0f, 0, 0, cached_ ? &step : nullptr};
     std::vector<nn::LayerCache>* caches = cached_ ? &caches_ : nullptr;
@@ -92,9 +96,9 @@ class Session {
     collect_capture(pos, Tn);
     // logits <- x[b, last_b] W_out^T   (only the rows that predict the next token)
     const int64_t D = cfg_.d_model;
-    Tensor sel = Tensor::empty({B_, D});
+    Tensor sel = Tensor::empty({R, D});
     const float* px = x->value.data<float>();
-    for (int64_t b = 0; b < B_; ++b)
+    for (int64_t b = 0; b < R; ++b)
       std::copy(px + (b * Tn + last[b]) * D, px + (b * Tn + last[b] + 1) * D, sel.data<float>() + b * D);
     return m_.lm_head(c, make_var(sel))->value;
   }
@@ -495,18 +499,25 @@ int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>&
 
 std::vector<double> log_softmax_row(const float* logits, int64_t V) { return log_softmax(logits, V); }
 
+// Busy slots occupy the cache's first rows, so a step runs only them: slot s sits at row
+// row[s]; removing a slot moves the last busy row into its place. Steps run their products
+// batch-invariantly (qkv::BatchInvariantGemm), so a sequence's logits are bitwise the same
+// whichever rows run beside it.
 struct DecodeSlots::Impl {
   const Model& model;
   Session batch;
-  std::vector<int64_t> len;  // per slot: tokens in its cache, 0 when free
+  std::vector<int64_t> len;    // per slot: tokens in its cache, 0 when free
+  std::vector<int64_t> row;    // per slot: its cache row, -1 when free
+  std::vector<int64_t> owner;  // per busy row: its slot
   Impl(const Model& m, int64_t slots, int64_t max_len)
-      : model(m), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0) {}
+      : model(m), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0),
+        row(static_cast<size_t>(slots), -1) {}
 };
 
 DecodeSlots::DecodeSlots(const Model& model, int64_t slots, int64_t max_len) : slots_(slots), max_len_(max_len) {
   const ModelConfig& c = model.config();
   check(c.arch == Arch::Decoder, "DecodeSlots: the model is ", arch_name(c.arch), "; slots hold decoder-only models");
-  check(slots >= 1 && slots <= 4096, "DecodeSlots: slots ", slots, " (expected 1 .. 4096)");
+  check(slots >= 1 && slots <= 64, "DecodeSlots: slots ", slots, " (expected 1 .. 64: steps are batch-invariant up to 64 rows)");
   check(max_len >= 1, "DecodeSlots: max_len ", max_len, " (expected >= 1)");
   check(c.positional != Positional::Learned || max_len <= c.max_len, "DecodeSlots: max_len ", max_len,
         " exceeds the model's ", c.max_len, " learned positions");
@@ -515,9 +526,7 @@ DecodeSlots::DecodeSlots(const Model& model, int64_t slots, int64_t max_len) : s
 
 DecodeSlots::~DecodeSlots() = default;
 
-int64_t DecodeSlots::free_slots() const {
-  return std::count(impl_->len.begin(), impl_->len.end(), int64_t{0});
-}
+int64_t DecodeSlots::free_slots() const { return slots_ - static_cast<int64_t>(impl_->owner.size()); }
 
 int64_t DecodeSlots::length(int64_t slot) const {
   check(slot >= 0 && slot < slots_, "DecodeSlots: slot ", slot, " is outside [0, ", slots_, ")");
@@ -529,15 +538,18 @@ int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>*
   check_ids("DecodeSlots", {prompt}, c.vocab_size, "prompt");
   const auto P = static_cast<int64_t>(prompt.size());
   check(P <= max_len_, "DecodeSlots: a prompt of ", P, " tokens is longer than the slots' max_len ", max_len_);
-  const auto it = std::find(impl_->len.begin(), impl_->len.end(), int64_t{0});
-  check(it != impl_->len.end(), "DecodeSlots: no free slot (", slots_, " busy)");
-  const int64_t slot = it - impl_->len.begin();
-  // the prompt alone, then its keys and values into the slot
+  const auto it = std::find(impl_->row.begin(), impl_->row.end(), int64_t{-1});
+  check(it != impl_->row.end(), "DecodeSlots: no free slot (", slots_, " busy)");
+  const int64_t slot = it - impl_->row.begin();
+  // the prompt alone, then its keys and values into the next free row
   Session one(impl_->model, 1, P, GenerateConfig{}, "DecodeSlots");
   const std::vector<int64_t> ids(prompt.begin(), prompt.end());
   const Tensor z = one.run(ids, P, {0}, {P - 1});
   check_finite_logits(z.data<float>(), c.vocab_size, "DecodeSlots", slot, 0);
-  impl_->batch.copy_row_from(one, 0, slot, P);
+  const auto r = static_cast<int64_t>(impl_->owner.size());
+  impl_->batch.copy_row_from(one, 0, r, P);
+  impl_->owner.push_back(slot);
+  impl_->row[static_cast<size_t>(slot)] = r;
   impl_->len[static_cast<size_t>(slot)] = P;
   if (logits) logits->assign(z.data<float>(), z.data<float>() + c.vocab_size);
   return slot;
@@ -546,27 +558,36 @@ int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>*
 std::vector<float> DecodeSlots::step(const std::vector<std::pair<int64_t, int32_t>>& feed) {
   const ModelConfig& c = impl_->model.config();
   const int64_t V = c.vocab_size;
+  const auto busy = static_cast<int64_t>(impl_->owner.size());
   std::vector<int> fed(static_cast<size_t>(slots_), 0);
   for (const auto& [slot, token] : feed) {
-    check(slot >= 0 && slot < slots_ && impl_->len[static_cast<size_t>(slot)] > 0, "DecodeSlots: step feeds slot ", slot,
-          ", which is not busy");
+    check(slot >= 0 && slot < slots_ && impl_->row[static_cast<size_t>(slot)] >= 0, "DecodeSlots: step feeds slot ",
+          slot, ", which is not busy");
     check(++fed[static_cast<size_t>(slot)] == 1, "DecodeSlots: step feeds slot ", slot, " twice");
     check(token >= 0 && token < V, "DecodeSlots: token ", token, " is outside the vocabulary [0, ", V, ")");
     check(impl_->len[static_cast<size_t>(slot)] < max_len_, "DecodeSlots: slot ", slot, " is full (max_len ", max_len_, ")");
   }
   for (int64_t s = 0; s < slots_; ++s)
-    check(fed[s] || impl_->len[static_cast<size_t>(s)] == 0, "DecodeSlots: step must feed every busy slot; slot ", s,
+    check(fed[s] || impl_->row[static_cast<size_t>(s)] < 0, "DecodeSlots: step must feed every busy slot; slot ", s,
           " is busy and not fed");
-  // every slot runs: busy ones their token at their next position, free ones token 0 at position 0
-  std::vector<int64_t> ids(static_cast<size_t>(slots_), 0), pos(static_cast<size_t>(slots_), 0),
-      last(static_cast<size_t>(slots_), 0);
-  for (const auto& [slot, token] : feed) ids[slot] = token, pos[slot] = impl_->len[static_cast<size_t>(slot)];
-  const Tensor z = impl_->batch.run(ids, 1, pos, last);
+  if (busy == 0) return {};
+  // the busy rows, each its token at its slot's next position
+  std::vector<int64_t> ids(static_cast<size_t>(busy), 0), pos(static_cast<size_t>(busy), 0),
+      last(static_cast<size_t>(busy), 0);
+  for (const auto& [slot, token] : feed) {
+    const int64_t r = impl_->row[static_cast<size_t>(slot)];
+    ids[r] = token, pos[r] = impl_->len[static_cast<size_t>(slot)];
+  }
+  Tensor z;
+  {
+    BatchInvariantGemm invariant;
+    z = impl_->batch.run(ids, 1, pos, last, busy);
+  }
   std::vector<float> out(feed.size() * static_cast<size_t>(V));
   for (size_t i = 0; i < feed.size(); ++i) {
-    const int64_t slot = feed[i].first;
-    check_finite_logits(z.data<float>() + slot * V, V, "DecodeSlots", slot, impl_->len[static_cast<size_t>(slot)]);
-    std::copy(z.data<float>() + slot * V, z.data<float>() + (slot + 1) * V, out.begin() + static_cast<int64_t>(i) * V);
+    const int64_t slot = feed[i].first, r = impl_->row[static_cast<size_t>(slot)];
+    check_finite_logits(z.data<float>() + r * V, V, "DecodeSlots", slot, impl_->len[static_cast<size_t>(slot)]);
+    std::copy(z.data<float>() + r * V, z.data<float>() + (r + 1) * V, out.begin() + static_cast<int64_t>(i) * V);
     ++impl_->len[static_cast<size_t>(slot)];
   }
   return out;
@@ -574,6 +595,18 @@ std::vector<float> DecodeSlots::step(const std::vector<std::pair<int64_t, int32_
 
 void DecodeSlots::remove(int64_t slot) {
   check(slot >= 0 && slot < slots_, "DecodeSlots: slot ", slot, " is outside [0, ", slots_, ")");
+  const int64_t r = impl_->row[static_cast<size_t>(slot)];
+  if (r < 0) return;
+  // the last busy row moves into the freed one
+  const auto last = static_cast<int64_t>(impl_->owner.size()) - 1;
+  if (r != last) {
+    const int64_t moved = impl_->owner[static_cast<size_t>(last)];
+    impl_->batch.copy_row_from(impl_->batch, last, r, impl_->len[static_cast<size_t>(moved)]);
+    impl_->owner[static_cast<size_t>(r)] = moved;
+    impl_->row[static_cast<size_t>(moved)] = r;
+  }
+  impl_->owner.pop_back();
+  impl_->row[static_cast<size_t>(slot)] = -1;
   impl_->len[static_cast<size_t>(slot)] = 0;
 }
 

@@ -8,6 +8,12 @@
 // OpenBLAS's sgemv streams the matrix once, which is what that case is bound by.
 #include "qkv/gemm.h"
 
+#include <algorithm>
+
+#include "kernels/train_isa.h"
+#include "qkv/cpu.h"
+#include "qkv/parallel.h"
+
 #include "kernels/gemm_internal.h"
 
 #include <cblas.h>
@@ -26,10 +32,30 @@ int openblas_get_parallel(void);
 
 namespace qkv {
 
+namespace {
+thread_local int g_batch_invariant = 0;
+constexpr int64_t kInvariantMaxRows = 64;
+constexpr int64_t kInvariantColumns = 64;  // columns per task: a fixed split, whatever M or the threads
+}  // namespace
+
+BatchInvariantGemm::BatchInvariantGemm() { ++g_batch_invariant; }
+BatchInvariantGemm::~BatchInvariantGemm() { --g_batch_invariant; }
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   check(M >= 0 && N >= 0 && K >= 0, "sgemm: negative size M=", M, " N=", N, " K=", K);
   if (M == 0 || N == 0) return;
+  if (g_batch_invariant > 0 && !trans_a && trans_b && M <= kInvariantMaxRows) {
+    // C[:, j0:j1] for fixed blocks of columns, each block by one thread (kernels::dot_rows)
+    const kernels::TrainIsa k = kernels::train_isa(active_isa());
+    const int64_t blocks = (N + kInvariantColumns - 1) / kInvariantColumns;
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (blocks > 1)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t j0 = blk * kInvariantColumns, j1 = std::min(N, j0 + kInvariantColumns);
+      k.dot_rows(A, lda, M, B, ldb, j0, j1, K, alpha, beta, C, ldc);
+    }
+    return;
+  }
   if (M == 1 && K > 0) {
     // One row (a decoding step): y = op(B)^T a as a matrix-vector product, which streams B once
     // instead of packing it first as sgemm does. a's elements are A[k * lda] when A is

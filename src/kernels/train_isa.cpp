@@ -132,4 +132,85 @@ double sum_squares(const float* g, int64_t n) {
   return s;
 }
 
+namespace {
+// a . b over K: W lanes of fused multiply-adds, then the lanes summed in a fixed tree, then the
+// tail in order. Four columns share each load of a.
+inline void dot4(const float* a, const float* b0, const float* b1, const float* b2, const float* b3, int64_t K,
+                 float out[4]) {
+  vf s0{}, s1{}, s2{}, s3{};
+  int64_t k = 0;
+  for (; k + W <= K; k += W) {
+    const vf x = simd::load(a + k);
+    s0 = simd::fma(x, simd::load(b0 + k), s0);
+    s1 = simd::fma(x, simd::load(b1 + k), s1);
+    s2 = simd::fma(x, simd::load(b2 + k), s2);
+    s3 = simd::fma(x, simd::load(b3 + k), s3);
+  }
+  float r0 = simd::hsum(s0), r1 = simd::hsum(s1), r2 = simd::hsum(s2), r3 = simd::hsum(s3);
+  for (; k < K; ++k) r0 += a[k] * b0[k], r1 += a[k] * b1[k], r2 += a[k] * b2[k], r3 += a[k] * b3[k];
+  out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
+}
+
+// Two rows against four columns: each B load serves both rows, each A load four columns. Every
+// (row, column) has its own accumulator with the same sequence of operations as dot4 and dot1.
+inline void dot2x4(const float* a0, const float* a1, const float* b0, const float* b1, const float* b2,
+                   const float* b3, int64_t K, float out0[4], float out1[4]) {
+  vf s00{}, s01{}, s02{}, s03{}, s10{}, s11{}, s12{}, s13{};
+  int64_t k = 0;
+  for (; k + W <= K; k += W) {
+    const vf x0 = simd::load(a0 + k), x1 = simd::load(a1 + k);
+    const vf y0 = simd::load(b0 + k), y1 = simd::load(b1 + k), y2 = simd::load(b2 + k), y3 = simd::load(b3 + k);
+    s00 = simd::fma(x0, y0, s00), s01 = simd::fma(x0, y1, s01), s02 = simd::fma(x0, y2, s02), s03 = simd::fma(x0, y3, s03);
+    s10 = simd::fma(x1, y0, s10), s11 = simd::fma(x1, y1, s11), s12 = simd::fma(x1, y2, s12), s13 = simd::fma(x1, y3, s13);
+  }
+  float r00 = simd::hsum(s00), r01 = simd::hsum(s01), r02 = simd::hsum(s02), r03 = simd::hsum(s03);
+  float r10 = simd::hsum(s10), r11 = simd::hsum(s11), r12 = simd::hsum(s12), r13 = simd::hsum(s13);
+  for (; k < K; ++k) {
+    r00 += a0[k] * b0[k], r01 += a0[k] * b1[k], r02 += a0[k] * b2[k], r03 += a0[k] * b3[k];
+    r10 += a1[k] * b0[k], r11 += a1[k] * b1[k], r12 += a1[k] * b2[k], r13 += a1[k] * b3[k];
+  }
+  out0[0] = r00, out0[1] = r01, out0[2] = r02, out0[3] = r03;
+  out1[0] = r10, out1[1] = r11, out1[2] = r12, out1[3] = r13;
+}
+
+inline float dot1(const float* a, const float* b, int64_t K) {
+  vf s{};
+  int64_t k = 0;
+  for (; k + W <= K; k += W) s = simd::fma(simd::load(a + k), simd::load(b + k), s);
+  float r = simd::hsum(s);
+  for (; k < K; ++k) r += a[k] * b[k];
+  return r;
+}
+}  // namespace
+
+void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t j0, int64_t j1, int64_t K,
+              float alpha, float beta, float* C, int64_t ldc) {
+  // rows two at a time and columns four at a time, the rest of either one by one: every element
+  // gets the same sums whichever way it is reached (its own accumulator, the same order)
+  const auto put = [&](float* c, int64_t j, float r) { c[j] = alpha * r + (beta == 0.0f ? 0.0f : beta * c[j]); };
+  int64_t i = 0;
+  for (; i + 2 <= M; i += 2) {
+    const float *a0 = A + i * lda, *a1 = a0 + lda;
+    float *c0 = C + i * ldc, *c1 = c0 + ldc;
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+      float r0[4], r1[4];
+      dot2x4(a0, a1, B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb, K, r0, r1);
+      for (int t = 0; t < 4; ++t) put(c0, j + t, r0[t]), put(c1, j + t, r1[t]);
+    }
+    for (; j < j1; ++j) put(c0, j, dot1(a0, B + j * ldb, K)), put(c1, j, dot1(a1, B + j * ldb, K));
+  }
+  for (; i < M; ++i) {
+    const float* a = A + i * lda;
+    float* c = C + i * ldc;
+    int64_t j = j0;
+    for (; j + 4 <= j1; j += 4) {
+      float r[4];
+      dot4(a, B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb, K, r);
+      for (int t = 0; t < 4; ++t) c[j + t] = alpha * r[t] + (beta == 0.0f ? 0.0f : beta * c[j + t]);
+    }
+    for (; j < j1; ++j) c[j] = alpha * dot1(a, B + j * ldb, K) + (beta == 0.0f ? 0.0f : beta * c[j]);
+  }
+}
+
 }  // namespace qkv::kernels::QKV_ISA

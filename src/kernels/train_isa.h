@@ -25,6 +25,10 @@ struct AdamWScalars {
                     const AdamWScalars& c);                                                          \
   /* sum_i g_i^2   g: (n) */                                                                         \
   double sum_squares(const float* g, int64_t n);                                                     \
+  /* C[i, j] <- alpha A[i, :] . B[j, :] + beta C[i, j] for i < M, j0 <= j < j1: every element     */ \
+  /* summed in an order that depends on K only (batch-invariant)   A: (M, K) B: (N, K) C: (M, N) */ \
+  void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t j0,      \
+                int64_t j1, int64_t K, float alpha, float beta, float* C, int64_t ldc);              \
   }
 QKV_DECLARE_TRAIN_ISA(generic)
 QKV_DECLARE_TRAIN_ISA(avx2)
@@ -38,11 +42,14 @@ struct TrainIsa {
   double (*softmax_grad_row)(const float*, int64_t, float, float, float, float*);
   void (*adamw_update)(float*, const float*, float*, float*, int64_t, const AdamWScalars&);
   double (*sum_squares)(const float*, int64_t);
+  void (*dot_rows)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float,
+                   float*, int64_t);
 };
 
 // The table for `isa`.
 inline TrainIsa train_isa(Isa isa) {
-#define QKV_TRAIN_TABLE(ns) TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares}
+#define QKV_TRAIN_TABLE(ns) \
+  TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares, ns::dot_rows}
   switch (isa) {
     case Isa::AVX512: return QKV_TRAIN_TABLE(avx512);
     case Isa::AVX2: return QKV_TRAIN_TABLE(avx2);
