@@ -52,18 +52,23 @@ class Server:
         self.proc.wait(60)
 
 
+def post(server, path, body):
+    """A plain POST: (the answer's JSON, seconds); RuntimeError for a status other than 200."""
+    t0 = time.perf_counter()
+    c = http.client.HTTPConnection(server.host, server.port, timeout=600)
+    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = json.loads(r.read())
+    c.close()
+    if r.status != 200:
+        raise RuntimeError("HTTP %d: %s" % (r.status, out))
+    return out, time.perf_counter() - t0
+
+
 def completion(server, body):
-    """One streamed completion: (seconds to the first text, seconds in all, tokens)."""
+    """One completion: (seconds to the first text, seconds in all, tokens); streamed or plain."""
     if not body.get("stream"):
-        t0 = time.perf_counter()
-        c = http.client.HTTPConnection(server.host, server.port, timeout=600)
-        c.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        out = json.loads(r.read())
-        c.close()
-        if r.status != 200:
-            raise RuntimeError("HTTP %d: %s" % (r.status, out))
-        t = time.perf_counter() - t0
+        out, t = post(server, "/v1/completions", body)
         return t, t, out["usage"]["completion_tokens"]
     t0 = time.perf_counter()
     c = http.client.HTTPConnection(server.host, server.port, timeout=600)
@@ -84,15 +89,7 @@ def completion(server, body):
 
 
 def translation(server, body):
-    t0 = time.perf_counter()
-    c = http.client.HTTPConnection(server.host, server.port, timeout=600)
-    c.request("POST", "/v1/translations", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    out = json.loads(r.read())
-    c.close()
-    if r.status != 200:
-        raise RuntimeError("HTTP %d: %s" % (r.status, out))
-    t = time.perf_counter() - t0
+    out, t = post(server, "/v1/translations", body)
     return t, t, len(out["translations"][0].split())
 
 

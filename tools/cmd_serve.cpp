@@ -543,12 +543,7 @@ class Server {
     if (static_cast<int64_t>(ids.size()) > limit)
       bad("text", detail::concat("'text' is ", ids.size(), " tokens; the model reads at most ", limit));
     const std::vector<float> z = sched_->run([&ids](const Model& m) {
-      Batch b;
-      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
-      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
-      Tape tape;
-      tape.recording = false;
-      const Tensor logits = m.logits(tape, b)->value;  // (1, T, V)
+      const Tensor logits = logits_of(m, ids);  // (1, T, V)
       const int64_t V = logits.size(-1);
       const float* last = logits.data<float>() + (static_cast<int64_t>(ids.size()) - 1) * V;
       return std::vector<float>(last, last + V);
@@ -684,12 +679,7 @@ class Server {
     const std::vector<std::vector<float>> z = sched_->run([&rows](const Model& m) {
       std::vector<std::vector<float>> out;
       for (const auto& ids : rows) {
-        Batch b;
-        b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
-        std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
-        Tape tape;
-        tape.recording = false;
-        const Tensor l = m.logits(tape, b)->value;
+        const Tensor l = logits_of(m, ids);
         out.emplace_back(l.data<float>(), l.data<float>() + l.numel());
       }
       return out;

@@ -385,12 +385,7 @@ Runner add_classify(CLI::App& app) {
     for (const std::string& line : input_lines(o->input)) {
       std::vector<int32_t> ids = encode_input(*L.tok, line, L.info.max_len);
       if (ids.empty()) ids.push_back(L.tok->eos_id());
-      Batch b;
-      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
-      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
-      Tape tape;
-      tape.recording = false;
-      const Tensor z = L.model.logits(tape, b)->value;
+      const Tensor z = logits_of(L.model, ids);
       const int64_t C = z.size(-1);
       const float* p = z.data<float>();
       for (int64_t k = 0; k < C; ++k)
@@ -442,12 +437,7 @@ Runner add_fill_mask(CLI::App& app) {
         if (ids[i] == mask) at.push_back(i);
       check(!at.empty(), "'", line, "': no mask token ", tok->piece(mask), " in the text",
             limit > 0 ? detail::concat(" (or not within the model's ", limit, " positions)") : std::string());
-      Batch b;
-      b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
-      std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
-      Tape tape;
-      tape.recording = false;
-      const Tensor z = m.logits(tape, b)->value;  // (1, T, V)
+      const Tensor z = logits_of(m, ids);  // (1, T, V)
       const int64_t V = z.size(-1), K = std::min<int64_t>(o->top_k, V);
       nlohmann::json masks = nlohmann::json::array();
       if (!o->json) std::printf("%s\n", line.c_str());

@@ -12,6 +12,7 @@
 #include "io/json_strict.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "qkv/autograd.h"
 #include "qkv/hf.h"
 #include "qkv/npy.h"
 
@@ -63,6 +64,15 @@ TaskInfo model_task_info(const std::string& dir) {
                                  " has no task of qkv's (generate, translate, classify); use qkv forward or fill-mask"));
   }
   return t;
+}
+
+Tensor logits_of(const Model& model, const std::vector<int32_t>& ids) {
+  Batch b;
+  b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);
+  std::copy(ids.begin(), ids.end(), b.input.data<int64_t>());
+  Tape tape;
+  tape.recording = false;
+  return model.logits(tape, b)->value;
 }
 
 std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text) {

@@ -27,6 +27,10 @@ bool is_model_dir(const std::string& path);
 // classifier labels with config.json's id2label names, in id order).
 TaskInfo model_task_info(const std::string& dir);
 
+// The model's logits for one row of token ids, without a tape: (1, T, V) for a language or
+// masked-language model, (1, C) for a classifier.
+Tensor logits_of(const Model& model, const std::vector<int32_t>& ids);
+
 // A language model's prompt as the model reads it: a Hugging Face tokenizer's special tokens
 // (Llama's <s>); qkv's GPT-2 models learned text after <|endoftext|>; an empty prompt starts from
 // bos (or eos). Throws qkv::Error when the tokenizer has neither.
