@@ -369,6 +369,14 @@ class Server {
     return p;
   }
 
+  // A token as text for logprobs: its decoded text, or its piece when that is empty (a special
+  // token such as </s>), or "<id N>" for a row of the model's table the tokenizer lacks.
+  std::string token_text(int32_t id) const {
+    if (id >= tok_->vocab_size()) return "<id " + std::to_string(id) + ">";
+    std::string t = tok_->decode({id});
+    return t.empty() ? tok_->piece(id) : t;
+  }
+
   // Folds the events waiting in `c` into the choices' texts; returns the chunks of newly settled
   // text (choice, delta, logprobs of its tokens, finish or "").
   struct Delta {
@@ -392,8 +400,8 @@ class Server {
         ch.ids.push_back(e.token);
         if (p.r.top_logprobs > 0) {
           Json top = Json::object();
-          for (const auto& [t, lp] : e.top) top[tok_->decode({t})] = lp;
-          d.logprobs = {{"tokens", {tok_->decode({e.token})}}, {"token_logprobs", {e.logprob}}, {"top_logprobs", {top}}};
+          for (const auto& [t, lp] : e.top) top[token_text(t)] = lp;
+          d.logprobs = {{"tokens", {token_text(e.token)}}, {"token_logprobs", {e.logprob}}, {"top_logprobs", {top}}};
         }
       }
       // full <- the completion's text: decode(prompt + ids) past decode(prompt)
