@@ -594,15 +594,13 @@ class Server {
     f.done();
     // a text with no tokens translates to "" (as qkv translate does), the others in one batch
     std::vector<std::vector<int32_t>> src;
-    std::vector<size_t> todo;
-    const bool own = !tok_->with_special_tokens({}).empty();
+    std::vector<size_t> rows;  // the texts that have tokens
     const ModelConfig& c = model_->config();
     for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> ids = tok_->encode(texts[i]);
       if (ids.empty()) continue;
-      todo.push_back(i);
-      if (own) ids = tok_->with_special_tokens(ids);
-      else ids.push_back(tok_->eos_id());
+      rows.push_back(i);
+      ids = source_ids(*tok_, std::move(ids));
       if (c.positional == Positional::Learned && static_cast<int64_t>(ids.size()) > c.max_len)
         bad("text", detail::concat("a text of ", ids.size(), " tokens exceeds the model's ", c.max_len, " positions"));
       src.push_back(std::move(ids));
@@ -626,12 +624,8 @@ class Server {
       tr_pending_.insert(tr_pending_.end(), items.begin(), items.end());
     }
     std::vector<std::string> tr(texts.size());
-    const int32_t eos = tok_->eos_id();
-    for (size_t k = 0; k < items.size(); ++k) {
-      std::vector<int32_t> t = items[k]->done.get_future().get().tokens;
-      if (!t.empty() && t.back() == eos) t.pop_back();
-      tr[todo[k]] = tok_->decode(t);
-    }
+    for (size_t k = 0; k < items.size(); ++k)
+      tr[rows[k]] = output_text(*tok_, items[k]->done.get_future().get().tokens);
     res.set_content(dump({{"model", id_}, {"translations", Json(tr)}}), "application/json");
   }
 
@@ -679,11 +673,7 @@ class Server {
     const std::vector<std::string> texts = f.strings("text", 256, true, false);
     f.done();
     std::vector<std::vector<int32_t>> rows;
-    for (const std::string& t : texts) {
-      std::vector<int32_t> ids = encode_input(*tok_, t, info_.max_len);
-      if (ids.empty()) ids.push_back(tok_->eos_id());
-      rows.push_back(std::move(ids));
-    }
+    for (const std::string& t : texts) rows.push_back(classifier_ids(*tok_, t, info_.max_len));
     const std::vector<std::vector<float>> z = sched_->run([&rows](const Model& m) {
       std::vector<std::vector<float>> out;
       for (const auto& ids : rows) {

@@ -195,19 +195,16 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
                                        const DecodeOptions& d, Generation* first_map,
                                        std::vector<int32_t>* first_src, Progress* bar) {
   std::vector<std::string> out(sources.size());
-  const int32_t eos = L.tok->eos_id();
   const ModelConfig& mc = L.model.config();
   d.check_map(mc.n_decoder_layers, mc.n_heads);
   // ids <- each line's tokens + eos (or the tokenizer's own special tokens: Marian's </s>);
   // lines with no tokens stay empty and are not decoded
   std::vector<std::vector<int32_t>> ids(sources.size());
   std::vector<size_t> todo;
-  const bool own_specials = !L.tok->with_special_tokens({}).empty();
   for (size_t i = 0; i < sources.size(); ++i) {
     ids[i] = L.tok->encode(sources[i]);
     if (ids[i].empty()) continue;
-    if (own_specials) ids[i] = L.tok->with_special_tokens(ids[i]);
-    else ids[i].push_back(eos);
+    ids[i] = source_ids(*L.tok, std::move(ids[i]));
     todo.push_back(i);
   }
   int64_t cut = 0, cut_at = 0;  // translations stopped by the learned positions, not by eos
@@ -229,9 +226,7 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
       const Generation& r = gen[k - b0];
       if (!r.finished && g.max_new_tokens < want && static_cast<int64_t>(r.tokens.size()) == g.max_new_tokens)
         ++cut, cut_at = g.max_new_tokens;
-      std::vector<int32_t> t = r.tokens;
-      if (!t.empty() && t.back() == eos) t.pop_back();
-      out[todo[k]] = L.tok->decode(t);
+      out[todo[k]] = output_text(*L.tok, r.tokens);
     }
     if (g.capture_attention) {
       *first_map = gen[0];
@@ -359,8 +354,7 @@ Runner add_generate(CLI::App& app) {
       // token that follows (SentencePiece's "▁"), which a separate decode would drop
       std::vector<int32_t> t = prompt;
       t.insert(t.end(), gen.tokens.begin(), gen.tokens.end());
-      if (t.back() == L.tok->eos_id()) t.pop_back();
-      std::printf("%s\n", L.tok->decode(t).c_str());
+      std::printf("%s\n", output_text(*L.tok, std::move(t)).c_str());
     }
     if (g.capture_attention) {
       std::vector<int32_t> all = prompt;
@@ -383,9 +377,7 @@ Runner add_classify(CLI::App& app) {
   return [o] {
     const Loaded L = load_model_dir(o->model, Task::Classify, "classify");
     for (const std::string& line : input_lines(o->input)) {
-      std::vector<int32_t> ids = encode_input(*L.tok, line, L.info.max_len);
-      if (ids.empty()) ids.push_back(L.tok->eos_id());
-      const Tensor z = logits_of(L.model, ids);
+      const Tensor z = logits_of(L.model, classifier_ids(*L.tok, line, L.info.max_len));
       const int64_t C = z.size(-1);
       const float* p = z.data<float>();
       for (int64_t k = 0; k < C; ++k)

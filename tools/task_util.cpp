@@ -83,6 +83,24 @@ std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text) {
   return prompt;
 }
 
+std::vector<int32_t> source_ids(const Tokenizer& tok, std::vector<int32_t> ids) {
+  if (!tok.with_special_tokens({}).empty()) return tok.with_special_tokens(ids);
+  check(tok.eos_id() >= 0, "the tokenizer has no end-of-sequence token");
+  ids.push_back(tok.eos_id());
+  return ids;
+}
+
+std::vector<int32_t> classifier_ids(const Tokenizer& tok, std::string_view text, int64_t max_len) {
+  std::vector<int32_t> ids = encode_input(tok, text, max_len);  // [CLS] ... [SEP] for BERT
+  if (ids.empty()) ids.push_back(tok.eos_id());
+  return ids;
+}
+
+std::string output_text(const Tokenizer& tok, std::vector<int32_t> tokens) {
+  if (!tokens.empty() && tokens.back() == tok.eos_id()) tokens.pop_back();
+  return tok.decode(tokens);
+}
+
 int64_t RawData::size() const {
   return static_cast<int64_t>(pairs.size() + labeled.size() + lines.size());
 }
@@ -134,17 +152,12 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
   Encoded out;
   const int32_t eos = tok.eos_id();
   check(eos >= 0, "the tokenizer has no end-of-sequence token");
-  // a tokenizer with special tokens of its own (Hugging Face's, Marian's) puts them around the
-  // source; qkv's own add eos
-  const bool own_specials = !tok.with_special_tokens({}).empty();
   switch (task) {
     case Task::Translate:
       for (const TextPair& p : d.pairs) {
         Example e;
-        e.src = tok.encode(p.source);
+        e.src = source_ids(tok, tok.encode(p.source));
         e.tgt = tok.encode_target(p.target);
-        if (own_specials) e.src = tok.with_special_tokens(e.src);
-        else e.src.push_back(eos);
         e.tgt.push_back(eos);
         if (static_cast<int64_t>(std::max(e.src.size(), e.tgt.size())) > max_len) {
           ++out.dropped;
@@ -156,8 +169,7 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
     case Task::Classify:
       for (const LabeledText& l : d.labeled) {
         Example e;
-        e.src = encode_input(tok, l.text, max_len);  // [CLS] ... [SEP] for BERT
-        if (e.src.empty()) e.src.push_back(eos);
+        e.src = classifier_ids(tok, l.text, max_len);
         const auto it = std::find(labels.begin(), labels.end(), l.label);
         if (it == labels.end() && skip_unknown_labels) {
           ++out.unknown_labels;

@@ -36,6 +36,16 @@ Tensor logits_of(const Model& model, const std::vector<int32_t>& ids);
 // bos (or eos). Throws qkv::Error when the tokenizer has neither.
 std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text);
 
+// A translation model's source as its encoder reads it: the tokenizer's own special tokens
+// around `ids` (Marian's </s>), or eos appended for qkv's tokenizers, which have none.
+std::vector<int32_t> source_ids(const Tokenizer& tok, std::vector<int32_t> ids);
+
+// A classifier's input: encode_input cut to max_len, and eos for a text with no tokens at all.
+std::vector<int32_t> classifier_ids(const Tokenizer& tok, std::string_view text, int64_t max_len);
+
+// The text of a generated sequence: its tokens up to the end-of-sequence token that ends it.
+std::string output_text(const Tokenizer& tok, std::vector<int32_t> tokens);
+
 // A task's raw records: translate (source, target), classify (label, text), lm (text lines).
 struct RawData {
   std::vector<TextPair> pairs;
