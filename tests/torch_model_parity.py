@@ -11,6 +11,10 @@ directory, and on the same batch (token ids saved with numpy):
 
   * logits     `qkv forward --out`: max|qkv - torch| / max|torch| <= 1e-4, over the valid
                positions (padded positions are excluded; classifier: all logits);
+  * attention  `qkv forward --attention DIR`: every layer's and head's weights (encoder self,
+               decoder self, cross) against nn.MultiheadAttention's need_weights (per head):
+               qkv's error against the float64 torch model at most twice float32 torch's (floor
+               1e-6), every row summing to 1;
   * loss       the loss qkv prints vs F.cross_entropy(ignore_index = pad_id): relative <= 1e-5;
   * gradients  `qkv forward --grads`: for every parameter tensor
                max|qkv - torch| / max(max|torch grad|, 1e-6) <= 1e-3 (one line per model, naming
@@ -58,6 +62,7 @@ import torch.nn.functional as F
 torch.set_num_threads(2)
 
 LOGITS_TOL = 1e-4
+ATTENTION_TOL = 1e-6  # weights are in [0, 1]: an absolute floor
 GRAD_TOL = 1e-3
 GRAD_FLOOR = 1e-6
 LOSS_TOL = 1e-5
@@ -448,6 +453,71 @@ def torch_train(case, decay_all, wd=WD):
     return np.array(losses)
 
 
+def torch_attention(case, dtype=torch.float32):
+    """Every nn.MultiheadAttention's weights per head on the case's batch, named as qkv's
+    `forward --attention` files: {"encoder.0.self": (B, H, Tq, Tk), ...}."""
+    m = copy.deepcopy(case.model).to(dtype).train()
+    names = {}
+    for n, mod in m.named_modules():
+        if isinstance(mod, nn.MultiheadAttention):
+            parts = n.split(".")  # encoder.layers.0.self_attn, decoder.layers.1.multihead_attn, layers.0.self_attn
+            i = parts.index("layers")
+            stack = parts[i - 1] if i > 0 else "decoder"  # the GPT's layers are a decoder's
+            names[mod] = f"{stack}.{parts[i + 1]}.{'cross' if parts[-1] == 'multihead_attn' else 'self'}"
+    got = {}
+    for mod, name in names.items():
+        def forward(*args, _orig=mod.forward, _name=name, **kw):
+            kw["need_weights"], kw["average_attn_weights"] = True, False
+            o, w = _orig(*args, **kw)
+            got[_name] = w.detach().numpy()
+            return o, w
+        mod.forward = forward
+    with torch.no_grad():
+        m(case.torch_batch())
+    return got
+
+
+def check_attention(case, adir, rep):
+    """qkv's weights (recomputed from the flash kernel's logsumexp) against torch's need_weights,
+    every layer and head, over the query rows whose keys both mask the same way: all rows but a
+    decoder-only model's padded positions (qkv masks the padding keys, the torch GPT does not).
+    The bound is the project's rule: qkv's error against the float64 model at most twice torch's
+    own float32 error (and ATTENTION_TOL absolute, whichever is larger: the floor for a case where
+    float32 torch happens to be exact)."""
+    name = case.name
+    t = torch_attention(case)
+    t64 = torch_attention(case, torch.float64)
+    q_files = sorted(f[:-4] for f in os.listdir(adir) if f.endswith(".npy")) if os.path.isdir(adir) else []
+    if sorted(t) != q_files:
+        rep.add(f"{name}/attention", False, "", [f"maps: qkv {q_files}, torch {sorted(t)}"])
+        return
+    worst, worst_name, problems, rows = -1.0, "", [], 0
+    for n in q_files:
+        q = np.load(os.path.join(adir, n + ".npy"))
+        w = t[n]
+        if q.shape != w.shape:
+            problems.append(f"{n}: shape {q.shape}, torch {w.shape}")
+            continue
+        valid = np.ones(q.shape[0:1] + q.shape[2:3], bool)  # (B, Tq)
+        if case.cfg["arch"] == "decoder":
+            valid = case.valid
+        pick = lambda a: a.transpose(0, 2, 1, 3)[valid]  # (rows, H, Tk)
+        qv, wv, w64 = pick(q), pick(w), pick(t64[n])
+        rows += qv.shape[0] * qv.shape[1]
+        sums = qv.sum(-1)
+        if not np.all(np.abs(sums - 1) <= 1e-5):
+            problems.append(f"{n}: a row sums to {sums.flat[np.argmax(np.abs(sums - 1))]:.7f}")
+        e, e32 = float(np.max(np.abs(qv - w64))), float(np.max(np.abs(wv - w64)))
+        bound = max(2 * e32, ATTENTION_TOL)
+        if not (e <= bound):
+            problems.append(f"{n}: max |qkv - torch64| {e:.3g} > {bound:.3g} (torch float32: {e32:.3g})")
+        if not (e - bound <= worst):
+            worst, worst_name = e - bound, f"{n}: {e:.3g}, torch float32 {e32:.3g}"
+    rep.add(f"{name}/attention", not problems and len(q_files) > 0,
+            f"max |w_qkv - w_torch64| within max(2 x torch float32's, {ATTENTION_TOL:g})  ({len(q_files)} maps, "
+            f"{rows} rows of every head; closest: {worst_name})", problems)
+
+
 def run_model_case(case, runner, rep, verbose):
     name = case.name
     d = runner.dir(name)
@@ -460,7 +530,9 @@ def run_model_case(case, runner, rep, verbose):
         return
     bargs = batch_args(runner.dir(name, "batch"), case.batch)
     logits_path = os.path.join(d, "logits.npy")
-    rc, out, err = runner.run(["forward", "--model", mdir] + bargs + ["--out", logits_path, "--grads", gdir])
+    adir = os.path.join(d, "attention")
+    rc, out, err = runner.run(["forward", "--model", mdir] + bargs + ["--out", logits_path, "--grads", gdir,
+                                                                     "--attention", adir])
     if not rep.add(f"{name}/forward", rc == 0, runner.short(out), [] if rc == 0 else [f"exit {rc}: {err.strip()}"]):
         return
 
@@ -478,6 +550,8 @@ def run_model_case(case, runner, rep, verbose):
         v = case.valid
         rep.bound(f"{name}/logits", rel_max(q_logits[v], t_logits[v]), LOGITS_TOL,
                   f"  ({int(v.sum())} of {v.size} positions)")
+
+    check_attention(case, adir, rep)
 
     mloss = re.search(r"loss (\S+)", out)
     q_loss = float(mloss.group(1)) if mloss else float("nan")

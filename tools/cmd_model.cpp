@@ -140,7 +140,7 @@ int run_import(const ImportOptions& o) {
 // ---- forward -------------------------------------------------------------------------------------
 
 struct ForwardCmd {
-  std::string model, out, grads, generated;
+  std::string model, out, grads, generated, attention;
   BatchFiles batch;
   float label_smoothing = 0;
   int64_t generate = 0;
@@ -166,6 +166,24 @@ Tensor greedy_tokens(const Model& m, const Batch& b, int64_t n) {
   return t;
 }
 
+// Every attention module's weights on the batch, (B, H, Tq, Tk) each, named
+// <stack>.<layer>.<self|cross>.npy; recomputed from the flash kernel's logsumexp head by head.
+std::vector<std::pair<std::string, Tensor>> attention_arrays(const Model& m, const Batch& b) {
+  const AttentionTrace t = trace_attention(m, b);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const AttentionMap& a : t.maps) {
+    const int64_t B = a.q.size(0), H = a.heads(), R = a.rows(), C = a.cols();
+    Tensor w = Tensor::empty({B, H, R, C});
+    for (int64_t r = 0; r < B; ++r)
+      for (int64_t h = 0; h < H; ++h) {
+        const std::vector<float> x = a.weights(r, h, 0, R);
+        std::copy(x.begin(), x.end(), w.data<float>() + (r * H + h) * R * C);
+      }
+    out.emplace_back(detail::concat(a.stack, ".", a.layer, ".", a.kind, ".npy"), std::move(w));
+  }
+  return out;
+}
+
 int run_forward(const ForwardCmd& o) {
   Model m = load_model(o.model);
   const Batch b = o.batch.load(m);
@@ -173,6 +191,7 @@ int run_forward(const ForwardCmd& o) {
   if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
                             ": the directory does not exist");
   if (!o.grads.empty()) make_dir(o.grads, "--grads");
+  if (!o.attention.empty()) make_dir(o.attention, "--attention");
   check((o.generate > 0) == !o.generated.empty(), "--generate N and --generated FILE go together");
   check(o.generate == 0 || m.config().arch != Arch::EncoderClassifier, "--generate: ", o.model,
         " is a classifier; it generates nothing");
@@ -200,8 +219,14 @@ int run_forward(const ForwardCmd& o) {
     generated = greedy_tokens(m, b, o.generate);
     line += detail::concat("  generated ", shape_str(generated.shape()));
   }
+  std::vector<std::pair<std::string, Tensor>> maps;
+  if (!o.attention.empty()) {
+    maps = attention_arrays(m, b);
+    line += detail::concat("  attention ", maps.size(), " maps");
+  }
   if (!o.out.empty()) write_npy(o.out, logits->value);
   if (generated.defined()) write_npy(o.generated, generated);
+  for (const auto& [name, t] : maps) write_npy(o.attention + "/" + name, t);
   std::cout << line << "\n";
   return 0;
 }
@@ -341,6 +366,9 @@ Runner add_forward(CLI::App& app) {
                 "translate it)")
       ->transform(whole(1, int64_t{1} << 20));
   c->add_option("--generated", o->generated, "Write the --generate tokens here (.npy int64 (B, N), -1 after an eos)");
+  c->add_option("--attention", o->attention,
+                "Write every attention module's weights into this directory: <encoder|decoder>.<layer>.<self|cross>.npy, "
+                "float32 (B, H, Tq, Tk), rows over the allowed keys summing to 1");
   return [o] { return run_forward(*o); };
 }
 

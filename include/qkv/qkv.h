@@ -8,6 +8,7 @@
 #include "qkv/gemm.h"
 #include "qkv/generate.h"
 #include "qkv/hf.h"
+#include "qkv/inspect.h"
 #include "qkv/model.h"
 #include "qkv/files.h"
 #include "qkv/npy.h"

@@ -243,8 +243,7 @@ Tensor Model::lengths_of(const Tensor& ids_in) const {
   return len;
 }
 
-namespace {
-Tensor resolve_lengths(const Model& m, const Tensor& ids, const Tensor& given) {
+Tensor Model::Impl::resolve_lengths(const Model& m, const Tensor& ids, const Tensor& given) {
   if (!given.defined()) return m.config().pad_id >= 0 ? m.lengths_of(ids) : Tensor();
   Tensor l = ops::as_ids(given, "input_lengths");
   check(l.dim() == 1 && l.size(0) == ids.size(0), "batch: input_lengths must be (B) = (", ids.size(0), "), got ",
@@ -255,7 +254,6 @@ Tensor resolve_lengths(const Model& m, const Tensor& ids, const Tensor& given) {
   }
   return l;
 }
-}  // namespace
 
 Var Model::encode(Tape& tape, const Tensor& src, const Tensor& src_lengths, const ForwardOptions& opt) const {
   check(config_.arch == Arch::EncoderDecoder, "encode: the model is ", arch_name(config_.arch),
@@ -285,7 +283,7 @@ Var Model::decode(Tape& tape, const Tensor& tgt_in, const Var& memory, const Ten
 Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) const {
   const Impl& m = *impl_;
   check_ids(batch.input, "input");
-  const Tensor lengths = resolve_lengths(*this, batch.input, batch.input_lengths);
+  const Tensor lengths = Impl::resolve_lengths(*this, batch.input, batch.input_lengths);
   if (config_.arch == Arch::EncoderDecoder) {
     check(batch.decoder_input.defined(), "batch: an encoder-decoder model needs decoder_input (the shifted target)");
     Var memory = encode(tape, batch.input, lengths, opt);

@@ -29,6 +29,9 @@ struct Model::Impl {
   // given, block padding) and the decoder's cross-attention over the source.
   static AttentionSpec self_spec(bool causal, const Tensor& lengths);
   static AttentionSpec cross_spec(const Tensor& src_lengths);
+  // A batch's input lengths: the given ones (checked against ids), or derived from pad_id, or
+  // undefined (every row all T).
+  static Tensor resolve_lengths(const Model& m, const Tensor& ids, const Tensor& given);
 };
 
 }  // namespace qkv

@@ -248,6 +248,12 @@ Var MultiHeadAttention::attend(Context& c, const Tensor& qT, const Tensor& kT, c
   // qT (B, H, Tn, Dk), kT (B, G, Tk, Dk), vT (B, G, Tk, Dv)
   const int64_t B = qT.size(0), Tn = qT.size(2), Tk = kT.size(2);
   const AttentionOutput o = attention(qT, kT, vT, spec);
+  if (kv.keep_inputs) {
+    kv.kept_q = qT.contiguous();
+    kv.kept_k = kT.contiguous();
+    kv.kept_lse = o.lse;
+    kv.kept_spec = spec;
+  }
   if (kv.capture_head >= 0) {
     // that head's weights, recomputed from the saved logsumexp: (B, Tn, Tk)
     const Tensor w = attention_weights(qT, kT, o.lse, spec, 0, Tn);  // (B, H, Tn, Tk)

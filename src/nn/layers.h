@@ -63,10 +63,16 @@ struct Context {
 // Self-attention: k (B, G, Tmax, Dk), v (B, G, Tmax, Dv); row b holds positions 0 .. pos[b]+Tn-1.
 // Cross-attention: k (B, S, G*Dk), v (B, S, G*Dv), computed from the memory on the first step.
 // With capture_head >= 0 the module keeps that head's weights of the last step: (B, Tn, Tk).
+// With keep_inputs the module keeps what the flash kernel read and saved on its last step: the
+// queries (B, H, Tn, Dk), keys (B, G, Tk, Dk), logsumexp (B, H, Tn) and the spec, from which any
+// head's weights can be recomputed a block of rows at a time (qkv/inspect.h).
 struct KVCache {
   Tensor k, v;
   int64_t capture_head = -1;
   Tensor captured;
+  bool keep_inputs = false;
+  Tensor kept_q, kept_k, kept_lse;
+  AttentionSpec kept_spec;
 };
 
 // A layer's decoding state: its self-attention cache and (decoder layers) its cross-attention's.
