@@ -11,6 +11,8 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "qkv/qkv.h"
+#include "task_util.h"
+#include "tour.h"
 
 namespace qkv::cli {
 namespace {
@@ -231,6 +233,40 @@ Runner add_attend(CLI::App& app) {
   c->add_option("--dk", o->dk, "Write dL/dK here");
   c->add_option("--dv", o->dv, "Write dL/dV here");
   return [o] { return run_attend(*o); };
+}
+
+Runner add_tour(CLI::App& app) {
+  struct TourOptions {
+    uint64_t seed = 1;
+    std::string model;
+    bool json = false;
+  };
+  auto o = std::make_shared<TourOptions>();
+  CLI::App* c = app.add_subcommand(
+      "tour", "The chapter's worked example and claims, each computed on live numbers (what the explorer page shows, "
+              "in the terminal)");
+  c->add_option("--seed", o->seed, "Seed of the random numbers the claims are shown on (default 1)")
+      ->transform(seed_number());
+  c->add_option("--model", o->model,
+                "A language model directory: show parallel = sequential on it (default: a small random decoder)");
+  c->add_flag("--json", o->json, "Print the numbers as JSON (what qkv serve's /v1/attend and /v1/claims answer)");
+  return [o] {
+    std::unique_ptr<Model> lm;
+    if (!o->model.empty()) {
+      lm = std::make_unique<Model>(load_model(o->model));
+      check(lm->config().arch == Arch::Decoder, "--model ", o->model, ": a ", arch_name(lm->config().arch),
+            " model; the claim needs a decoder-only language model");
+    }
+    const nlohmann::json steps = attend_steps(ExampleInput::chapter());
+    const nlohmann::json claims = chapter_claims(o->seed, lm.get());
+    if (o->json) {
+      std::cout << nlohmann::json{{"worked_example", steps}, {"claims", claims}}.dump(1) << "\n";
+      return 0;
+    }
+    print_steps(std::cout, steps);
+    print_claims(std::cout, claims);
+    return 0;
+  };
 }
 
 }  // namespace qkv::cli

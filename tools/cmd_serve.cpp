@@ -6,15 +6,20 @@
 // steps. Every limit is explicit: body size (413), queue length (429), max_tokens, context length.
 // Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
 #include <httplib.h>
+#include <spawn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <iostream>
 #include <memory>
@@ -33,8 +38,13 @@
 #include "qkv/signals.h"
 #include "qkv/tokenizer.h"
 #include "task_util.h"
+#include "tour.h"
 
 namespace qkv::cli {
+
+extern const unsigned char kExplorerHtml[];  // tools/explorer.html, embedded at build time
+extern const size_t kExplorerHtmlSize;
+
 namespace {
 
 using Json = nlohmann::json;
@@ -43,7 +53,7 @@ namespace fs = std::filesystem;
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key;
   int port = 8080;
-  int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024;
+  int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024, max_attention = 4 << 20;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -66,6 +76,14 @@ void reply_error(httplib::Response& res, const HttpError& e) {
                     {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
                     {"code", nullptr}}}};
   res.set_content(j.dump(), "application/json");
+}
+
+// The double whose shortest decimal form is the float's own (0.1f -> 0.1, not 0.10000000149011612):
+// JSON that says what float32 computed, in as few digits as that takes.
+double short_float(float x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
 }
 
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
@@ -137,6 +155,24 @@ class Fields {
     }
     return out;
   }
+  // A list of whole numbers in [lo, hi], each once (absent: empty).
+  std::vector<int64_t> integers(const char* k, int64_t lo, int64_t hi) {
+    const Json* v = get(k);
+    if (!v) return {};
+    if (!v->is_array() || v->empty())
+      bad(k, detail::concat("'", k, "' is ", v->dump(), "; expected a non-empty list of whole numbers in [", lo, ", ",
+                            hi, "]"));
+    std::vector<int64_t> out;
+    for (const Json& e : *v) {
+      if (!e.is_number_integer() || (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(hi)) ||
+          e.get<int64_t>() < lo || e.get<int64_t>() > hi)
+        bad(k, detail::concat("'", k, "' holds ", e.dump(), "; expected whole numbers in [", lo, ", ", hi, "]"));
+      if (std::find(out.begin(), out.end(), e.get<int64_t>()) != out.end())
+        bad(k, detail::concat("'", k, "' holds ", e.dump(), " twice"));
+      out.push_back(e.get<int64_t>());
+    }
+    return out;
+  }
   void done() const {
     for (auto it = j_.begin(); it != j_.end(); ++it)
       if (!seen_.count(it.key())) bad(it.key(), detail::concat("unknown field '", it.key(), "'"));
@@ -198,8 +234,9 @@ class Server {
     routes();
   }
 
-  // Binds and serves until stop(); port 0 takes a free port. Prints where it listens.
-  int run(StopRequest& stop) {
+  // Binds and serves until stop(); port 0 takes a free port. Prints where it listens, then calls
+  // on_listen with the address.
+  int run(StopRequest& stop, const std::function<void(const std::string&)>& on_listen = {}) {
     int port = o_.port;
     if (port == 0) {
       port = http_.bind_to_any_port(o_.host);
@@ -211,8 +248,10 @@ class Server {
     std::fprintf(stderr, "qkv serve: %s (%s, %s) on http://%s:%d/  (%lld slots, queue %lld)\n", o_.model.c_str(),
                  task_name(info_.task), arch_name(model_->config().arch), o_.host.c_str(), port,
                  static_cast<long long>(o_.slots), static_cast<long long>(o_.max_queue));
-    std::printf("http://%s:%d/\n", o_.host.c_str(), port);
+    const std::string url = detail::concat("http://", o_.host, ":", port, "/");
+    std::printf("%s\n", url.c_str());
     std::fflush(stdout);
+    if (on_listen) on_listen(url);
     // SIGTERM / SIGINT: refuse new requests (503), let the ones in flight finish, then stop
     std::thread watcher([&] {
       while (!stop.requested() && !stopped_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -268,7 +307,9 @@ class Server {
     http_.set_read_timeout(30);
     http_.set_write_timeout(30);
     http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+      // the page itself and the health check are open; the page sends the key on its requests
+      if (o_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
+        return httplib::Server::HandlerResponse::Unhandled;
       if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
         return httplib::Server::HandlerResponse::Unhandled;
       reply_error(res, {401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error", ""});
@@ -296,6 +337,40 @@ class Server {
                       {"data", {{{"id", id_}, {"object", "model"}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}}}}};
       res.set_content(dump(j), "application/json");
     }));
+    http_.Get("/", handler([](const httplib::Request&, httplib::Response& res) {
+      res.set_content(reinterpret_cast<const char*>(kExplorerHtml), kExplorerHtmlSize, "text/html; charset=utf-8");
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
+                     "img-src data:");
+    }));
+    http_.Get("/v1/model", handler([this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump(model_json()), "application/json");
+    }));
+    http_.Post("/v1/attend", handler([](const httplib::Request& req, httplib::Response& res) {
+      Json body;
+      try {
+        body = Json::parse(req.body);
+      } catch (const Json::exception& e) {
+        bad("", std::string("the body is not valid JSON: ") + e.what());
+      }
+      try {
+        res.set_content(dump(attend_steps(example_from_json(body))), "application/json");
+      } catch (const FieldError& e) {
+        bad(e.field, e.message);
+      }
+    }));
+    http_.Get("/v1/claims", handler([this](const httplib::Request& req, httplib::Response& res) {
+      uint64_t seed = 1;
+      if (req.has_param("seed")) {
+        const std::string v = req.get_param_value("seed");
+        const auto r = std::from_chars(v.data(), v.data() + v.size(), seed);
+        if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty() || seed > (uint64_t{1} << 53))
+          bad("seed", "'seed' is '" + v + "'; expected a whole number in [0, 2^53]");
+      }
+      const bool lm = info_.task == Task::LanguageModel;
+      const Json claims = sched_->run([seed, lm](const Model& m) { return chapter_claims(seed, lm ? &m : nullptr); }).get();
+      res.set_content(dump(claims), "application/json");
+    }));
     http_.Post("/v1/completions", handler([this](const httplib::Request& req, httplib::Response& res) {
       need_task(Task::LanguageModel, "/v1/completions");
       completions(req, res);
@@ -303,6 +378,9 @@ class Server {
     http_.Post("/v1/next-token", handler([this](const httplib::Request& req, httplib::Response& res) {
       need_task(Task::LanguageModel, "/v1/next-token");
       next_token(req, res);
+    }));
+    http_.Post("/v1/attention", handler([this](const httplib::Request& req, httplib::Response& res) {
+      attention(req, res);
     }));
     http_.Post("/v1/translations", handler([this](const httplib::Request& req, httplib::Response& res) {
       need_task(Task::Translate, "/v1/translations");
@@ -312,6 +390,29 @@ class Server {
       need_task(Task::Classify, "/v1/classifications");
       classifications(req, res);
     }));
+  }
+
+  // What the explorer page needs to know of the model.
+  Json model_json() const {
+    const ModelConfig& c = model_->config();
+    const bool encdec = c.arch == Arch::EncoderDecoder;
+    Json j = {{"id", id_},
+              {"task", task_name(info_.task)},
+              {"arch", arch_name(c.arch)},
+              {"layers", encdec ? Json{{"encoder", c.n_encoder_layers}, {"decoder", c.n_decoder_layers}}
+                                : Json{{c.arch == Arch::Decoder ? "decoder" : "encoder", c.n_layers}}},
+              {"heads", c.n_heads},
+              {"kv_heads", c.kv_heads()},
+              {"d_model", c.d_model},
+              {"d_ff", c.d_ff},
+              {"positional", positional_name(c.positional)},
+              {"norm_first", c.norm_first},
+              {"vocab_size", c.vocab_size},
+              {"parameters", model_->num_parameters()},
+              {"max_len", sched_->options().max_len},
+              {"max_attention", o_.max_attention}};
+    if (info_.task == Task::Classify) j["labels"] = info_.labels;
+    return j;
   }
 
   // ---- /v1/completions --------------------------------------------------------------------------
@@ -584,6 +685,104 @@ class Server {
                     "application/json");
   }
 
+  // ---- /v1/attention ------------------------------------------------------------------------------
+
+  // Every (or the chosen) layer's and head's weights on a text: one forward pass on the scheduler
+  // thread keeps each module's queries, keys and logsumexp (qkv/inspect.h); the weights are then
+  // recomputed here, head by head in blocks of rows, never all heads' matrices at once.
+  void attention(const httplib::Request& req, httplib::Response& res) {
+    Fields f(req.body);
+    const bool encdec = info_.task == Task::Translate;
+    const ModelConfig& c = model_->config();
+    const std::vector<std::string> given = f.strings("text", 1, !encdec, false);
+    const std::string text = given.empty() ? "" : given[0];
+    std::string source;
+    if (encdec) {
+      source = f.strings("source", 1, true, true)[0];
+    } else if (f.has("source")) {
+      bad("source", "'source' is for translation models; this one is a " + std::string(task_name(info_.task)) +
+                        " model");
+    }
+    const int64_t L = encdec ? std::max(c.n_encoder_layers, c.n_decoder_layers) : c.n_layers;
+    std::vector<int64_t> layers = f.integers("layers", 0, std::max<int64_t>(L - 1, 0));
+    std::vector<int64_t> heads = f.integers("heads", 0, c.n_heads - 1);
+    f.done();
+    if (layers.empty())
+      for (int64_t l = 0; l < L; ++l) layers.push_back(l);
+    if (heads.empty())
+      for (int64_t h = 0; h < c.n_heads; ++h) heads.push_back(h);
+    // the token ids the model reads, as its own commands build them
+    Batch b;
+    std::vector<int32_t> src, ids;
+    if (encdec) {
+      src = tok_->encode(source);
+      if (src.empty()) bad("source", "'source' has no tokens");
+      src = source_ids(*tok_, std::move(src));
+      ids.push_back(static_cast<int32_t>(c.bos_id));
+      for (int32_t t : tok_->encode(text)) ids.push_back(t);
+    } else if (info_.task == Task::Classify) {
+      ids = classifier_ids(*tok_, text, info_.max_len);
+    } else {
+      ids = prompt_ids(*tok_, text);
+    }
+    const int64_t limit = c.positional == Positional::Learned ? c.max_len : sched_->options().max_len;
+    for (const auto& [field, v] : {std::pair<const char*, const std::vector<int32_t>*>{"text", &ids}, {"source", &src}})
+      if (static_cast<int64_t>(v->size()) > limit)
+        bad(field, detail::concat("'", field, "' is ", v->size(), " tokens; the model reads at most ", limit));
+    // the answer's size: rows x cols numbers per map, within --max-attention
+    const auto T = static_cast<int64_t>(ids.size()), S = static_cast<int64_t>(src.size());
+    int64_t per_layer = encdec ? 0 : T * T;
+    if (encdec) per_layer = S * S + T * T + T * S;
+    const int64_t numbers = per_layer * static_cast<int64_t>(layers.size() * heads.size());
+    if (numbers > o_.max_attention)
+      bad("text", detail::concat("the maps would hold ", numbers, " weights (", layers.size(), " layers x ",
+                                 heads.size(), " heads of ", T, encdec ? detail::concat(" target and ", S, " source") : "",
+                                 " tokens); this server answers at most ", o_.max_attention,
+                                 " (--max-attention): ask for fewer 'layers' or 'heads', or a shorter text"));
+    const auto to_tensor = [](const std::vector<int32_t>& v) {
+      Tensor t({1, static_cast<int64_t>(v.size())}, DType::I64);
+      std::copy(v.begin(), v.end(), t.data<int64_t>());
+      return t;
+    };
+    if (encdec) {
+      b.input = to_tensor(src);
+      b.decoder_input = to_tensor(ids);
+    } else {
+      b.input = to_tensor(ids);
+    }
+    const AttentionTrace trace = sched_->run([&b](const Model& m) { return trace_attention(m, b); }).get();
+    Json maps = Json::array();
+    constexpr int64_t kBlock = 64;  // query rows recomputed at a time
+    for (const AttentionMap& m : trace.maps) {
+      if (std::find(layers.begin(), layers.end(), m.layer) == layers.end()) continue;
+      for (int64_t h : heads) {
+        Json w = Json::array();
+        for (int64_t r0 = 0; r0 < m.rows(); r0 += kBlock) {
+          const int64_t r1 = std::min(m.rows(), r0 + kBlock);
+          const std::vector<float> x = m.weights(0, h, r0, r1);
+          for (int64_t r = 0; r < r1 - r0; ++r) {
+            std::vector<double> row(static_cast<size_t>(m.cols()));
+            for (int64_t j = 0; j < m.cols(); ++j) row[static_cast<size_t>(j)] = short_float(x[static_cast<size_t>(r * m.cols() + j)]);
+            w.push_back(std::move(row));
+          }
+        }
+        maps.push_back({{"stack", m.stack}, {"layer", m.layer}, {"head", h}, {"kind", m.kind}, {"weights", std::move(w)}});
+      }
+    }
+    const auto pieces = [this](const std::vector<int32_t>& v) {
+      Json p = Json::array();
+      for (int32_t id : v) p.push_back(id < tok_->vocab_size() ? tok_->piece(id) : detail::concat("<", id, ">"));
+      return p;
+    };
+    Json out = {{"model", id_}, {"tokens", pieces(ids)}, {"ids", ids}, {"layers", L}, {"heads", c.n_heads},
+                {"maps", std::move(maps)}};
+    if (encdec) {
+      out["source_tokens"] = pieces(src);
+      out["source_ids"] = src;
+    }
+    res.set_content(dump(out), "application/json");
+  }
+
   // ---- /v1/translations, /v1/classifications ---------------------------------------------------------
 
   void translations(const httplib::Request& req, httplib::Response& res) {
@@ -716,11 +915,10 @@ class Server {
 
 }  // namespace
 
-Runner add_serve(CLI::App& app) {
-  auto o = std::make_shared<ServeOptions>();
-  CLI::App* c = app.add_subcommand(
-      "serve", "Serve a model over HTTP: OpenAI-style /v1/completions (streaming), /v1/translations, "
-               "/v1/classifications, /v1/next-token, /health");
+namespace {
+
+// The options qkv serve and qkv explore share.
+void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--model", o->model, "Model directory (qkv's, or a Hugging Face folder)")->required();
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
@@ -737,10 +935,57 @@ Runner add_serve(CLI::App& app) {
       ->transform(whole(64, int64_t{1} << 30));
   c->add_option("--max-tokens", o->max_tokens, "max_tokens a request may ask for (default 1024)")
       ->transform(whole(1, 1 << 20));
+  c->add_option("--max-attention", o->max_attention,
+                "Attention weights one /v1/attention answer may hold (default 4194304)")
+      ->transform(whole(1, int64_t{1} << 30));
+}
+
+// Opens url in the desktop's browser when there is a desktop (xdg-open), without a shell.
+void open_browser(const std::string& url) {
+  const char* display = std::getenv("DISPLAY");
+  const char* wayland = std::getenv("WAYLAND_DISPLAY");
+  if ((!display || !*display) && (!wayland || !*wayland)) {
+    std::fprintf(stderr, "qkv explore: no desktop here: open %s in a browser (from another machine: forward the "
+                 "port with ssh -L)\n", url.c_str());
+    return;
+  }
+  const std::string arg = url;
+  char* argv[] = {const_cast<char*>("xdg-open"), const_cast<char*>(arg.c_str()), nullptr};
+  pid_t pid = 0;
+  if (posix_spawnp(&pid, "xdg-open", nullptr, nullptr, argv, environ) != 0)
+    std::fprintf(stderr, "qkv explore: could not start xdg-open: open %s in a browser\n", url.c_str());
+}
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* c = app.add_subcommand(
+      "serve", "Serve a model over HTTP: OpenAI-style /v1/completions (streaming), /v1/translations, "
+               "/v1/classifications, /v1/next-token, /v1/attention, /health; the explorer page at /");
+  serve_options(c, o.get());
   return [o] {
     StopRequest stop;
     Server server(*o);
     return server.run(stop);
+  };
+}
+
+Runner add_explore(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto no_open = std::make_shared<bool>(false);
+  CLI::App* c = app.add_subcommand(
+      "explore", "Open the explorer page on a model: the worked example, every layer and head's attention on your "
+                 "text, the next token, the chapter's claims (qkv serve, then a browser at its address)");
+  serve_options(c, o.get());
+  c->add_flag("--no-open", *no_open, "Only print the address; do not start a browser");
+  return [o, no_open] {
+    StopRequest stop;
+    Server server(*o);
+    return server.run(stop, [no_open](const std::string& url) {
+      std::fprintf(stderr, "qkv explore: the explorer is at %s (Ctrl-C stops it)\n", url.c_str());
+      if (!*no_open) open_browser(url);
+    });
   };
 }
 

@@ -23,6 +23,8 @@ Runner add_generate(CLI::App& app);
 Runner add_classify(CLI::App& app);
 Runner add_fill_mask(CLI::App& app);
 Runner add_serve(CLI::App& app);
+Runner add_explore(CLI::App& app);  // qkv serve that opens the explorer page
+Runner add_tour(CLI::App& app);     // the chapter's claims in the terminal
 Runner add_eval(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_data(CLI::App& app);
