@@ -450,6 +450,15 @@ Json chapter_claims(uint64_t seed, const Model* lm) {
       rows.push_back({static_cast<double>(n), scores * 2 / 1048576, (ws + lse) / 1048576});
     }
     c.matrix("n, MiB of scores at 2 bytes, MiB the flash kernel holds (one head, d = 64)", rows);
+    bool quadruples = true, smaller = true;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (i > 0) quadruples = quadruples && rows[i][1].get<double>() == 4 * rows[i - 1][1].get<double>();
+      smaller = smaller && rows[i][2].get<double>() < rows[i][1].get<double>() / 4;
+    }
+    c.line("doubling n quadruples the scores: " + std::string(quadruples ? "yes" : "no") +
+           "; the flash kernel's memory grows linearly: " + fmt(rows[3][2].get<double>() / rows[2][2].get<double>(), 2) +
+           "x from 4,096 to 8,192");
+    c.holds(quadruples && smaller);
     claims.push_back(c.j);
   }
   {  // 7. parallel training = sequential generation
@@ -508,6 +517,15 @@ Json chapter_claims(uint64_t seed, const Model* lm) {
     const Tensor out = matmul(concat, wo);
     c.line(detail::concat(H, " heads of width ", Dh, ": outputs (", T, " x ", Dh, ") each, concatenated to (", T, " x ",
                           D, "), times W_O (", D, " x ", D, ") = (", T, " x ", D, ")"));
+    // each head alone (its own slice of q, k, v, one attention call) gives its columns of the concatenation
+    double alone = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      const auto slice = [&](const Tensor& t) { return t.slice(1, h, h + 1).contiguous().view({T, Dh}); };
+      const Tensor oh = attention(slice(q), slice(k), slice(v)).out;
+      alone = std::max(alone, max_abs_diff(oh, concat.slice(1, h * Dh, (h + 1) * Dh).contiguous()));
+    }
+    c.line("each head computed alone gives its own columns of the concatenation: max difference " + fmt_g(alone));
+    c.holds(alone < 1e-6);
     c.line("the heads' weights for token 1: " + vec(floats(w.slice(2, 0, 1).slice(1, 0, 1))) + " and " +
            vec(floats(w.slice(2, 0, 1).slice(1, 1, 2))));
     c.matrix("output = concat(heads) W_O", rows_json(out), labels("t", T));
