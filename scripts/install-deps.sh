@@ -17,12 +17,14 @@ PACKAGES=(
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
   libcpp-httplib-dev          # qkv serve: the HTTP server
+  chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
   clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
   libomp-16-dev               # ... and clang's OpenMP runtime, which they link
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)
   bible-kjv                   # English prose for language models (the King James Bible)
 )
-# The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm: Debian's nodejs and npm,
+# The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm, the
+# explorer's browser test puppeteer-core: Debian's nodejs and npm,
 # unless the machine already has both.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
 

@@ -2,7 +2,8 @@
 // gives exactly the tokens of full recomputation for every position scheme, norm placement,
 // grouped KV heads and encoder-decoders; next-token log-probabilities match the full forward
 // pass; batched requests of unequal lengths equal one-at-a-time; beam size 1 equals greedy; a
-// seed fixes the samples; top-k 1 is greedy; captured attention rows are distributions.
+// seed fixes the samples; top-k 1 is greedy; captured attention rows are distributions; every
+// head of trace_attention (qkv/inspect.h) equals what generation captures for that head.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 
 #include "error_testing.h"
 #include "qkv/generate.h"
+#include "qkv/inspect.h"
 #include "qkv/model.h"
 
 namespace qkv {
@@ -323,6 +325,101 @@ TEST(Generate, CapturedAttentionRowsAreDistributions) {
     EXPECT_EQ(tr[0].attention[i * 5 + 3], 0.0f);
     EXPECT_EQ(tr[0].attention[i * 5 + 4], 0.0f);
   }
+}
+
+Tensor ids_tensor(const std::vector<std::vector<int32_t>>& rows, int64_t pad) {
+  int64_t T = 0;
+  for (const auto& r : rows) T = std::max<int64_t>(T, static_cast<int64_t>(r.size()));
+  Tensor t = Tensor::zeros({static_cast<int64_t>(rows.size()), T}, DType::I64);
+  for (size_t b = 0; b < rows.size(); ++b)
+    for (int64_t i = 0; i < T; ++i)
+      t.data<int64_t>()[static_cast<int64_t>(b) * T + i] = i < static_cast<int64_t>(rows[b].size()) ? rows[b][i] : pad;
+  return t;
+}
+
+// Every layer and head of trace_attention against generation's capture of that one head (which
+// slices nothing: the kernel's whole (B, H) weights), for every position scheme (ALiBi's per-head
+// slopes, RoPE), grouped KV heads and Dk != Dv; the trace's logits are the forward pass's.
+TEST(TraceAttention, EveryHeadEqualsGenerationsCaptureForThatHead) {
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const std::vector<int32_t>& prompt = kPrompts[0];
+    const auto T = static_cast<int64_t>(prompt.size());
+    Batch b;
+    b.input = ids_tensor({prompt}, 0);
+    const AttentionTrace t = trace_attention(m, b);
+    Tape tape;
+    tape.recording = false;
+    const Tensor full = m.logits(tape, b)->value;
+    ASSERT_EQ(t.logits.shape(), full.shape());
+    for (int64_t i = 0; i < full.numel(); ++i) EXPECT_NEAR(t.logits.data<float>()[i], full.data<float>()[i], 1e-4);
+    ASSERT_EQ(static_cast<int64_t>(t.maps.size()), dc.config.n_layers);
+    for (const AttentionMap& a : t.maps) {
+      EXPECT_EQ(a.stack, "decoder");
+      EXPECT_EQ(a.kind, "self");
+      ASSERT_EQ(a.heads(), dc.config.n_heads);
+      ASSERT_EQ(a.rows(), T);
+      ASSERT_EQ(a.cols(), T);
+      for (int64_t h = 0; h < a.heads(); ++h) {
+        GenerateConfig g = greedy(1, true);
+        g.capture_attention = true;
+        g.attention_layer = a.layer;
+        g.attention_head = h;
+        const Generation cap = generate(m, {prompt}, g)[0];
+        ASSERT_EQ(cap.attention_rows, T);
+        ASSERT_EQ(cap.attention_cols, T);
+        // in two blocks of rows, as a server recomputes them
+        std::vector<float> w = a.weights(0, h, 0, 2);
+        const std::vector<float> rest = a.weights(0, h, 2, T);
+        w.insert(w.end(), rest.begin(), rest.end());
+        for (int64_t i = 0; i < T * T; ++i)
+          EXPECT_NEAR(w[i], cap.attention[i], 2e-6) << "layer " << a.layer << " head " << h << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(TraceAttention, EncoderDecoderMapsAndPadding) {
+  const Model m = make(encdec_config());
+  const std::vector<std::vector<int32_t>> src = {{5, 9, 4}, {8, 6, 7, 10, 11}};
+  const int64_t layer = 1, head = 1;
+  GenerateConfig g = greedy(4, true);
+  g.capture_attention = true;
+  g.attention_layer = layer;
+  g.attention_head = head;
+  const auto tr = translate(m, src, g);
+  // the decoder reads [bos, t1, t2, t3]: its cross-attention rows are the capture's four rows
+  std::vector<std::vector<int32_t>> dec;
+  for (const Generation& r : tr) dec.push_back({2, r.tokens[0], r.tokens[1], r.tokens[2]});
+  Batch b;
+  b.input = ids_tensor(src, 0);
+  b.decoder_input = ids_tensor(dec, 0);
+  const AttentionTrace t = trace_attention(m, b);
+  ASSERT_EQ(t.maps.size(), 2u + 2u * 2u);  // encoder self x 2, then (self, cross) per decoder layer
+  EXPECT_EQ(t.maps[0].stack, "encoder");
+  EXPECT_EQ(t.maps[0].kind, "self");
+  const AttentionMap& cross = t.maps[2 + 2 * layer + 1];
+  ASSERT_EQ(cross.kind, "cross");
+  ASSERT_EQ(cross.layer, layer);
+  for (size_t r = 0; r < src.size(); ++r) {
+    const std::vector<float> w = cross.weights(static_cast<int64_t>(r), head, 0, 4);
+    ASSERT_EQ(tr[r].attention_rows, 4);
+    ASSERT_EQ(tr[r].attention_cols, 5);
+    for (int64_t i = 0; i < 20; ++i) EXPECT_NEAR(w[i], tr[r].attention[i], 2e-6) << "row " << r << " element " << i;
+  }
+  // the padded source: its encoder self-attention gives the padding keys weight 0, rows sum to 1
+  for (int64_t h = 0; h < 2; ++h) {
+    const std::vector<float> w = t.maps[0].weights(0, h, 0, 5);
+    for (int64_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(w[i * 5 + 3], 0.0f);
+      EXPECT_EQ(w[i * 5 + 4], 0.0f);
+      EXPECT_NEAR(w[i * 5] + w[i * 5 + 1] + w[i * 5 + 2], 1.0, 1e-6);
+    }
+  }
+  EXPECT_NE(error_of([&] { (void)cross.weights(2, 0, 0, 1); }).find("batch row 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)cross.weights(0, 2, 0, 1); }).find("head 2"), std::string::npos);
+  EXPECT_NE(error_of([&] { (void)cross.weights(0, 0, 3, 5); }).find("rows [3, 5)"), std::string::npos);
 }
 
 TEST(Generate, BadRequestsGiveClearErrors) {
