@@ -42,3 +42,8 @@ echo "Model, tokenizer, metrics.jsonl and loss curve (loss.svg) are in $OUT; the
 echo "map of the first test sentence is $OUT/attention.svg. Try: build/qkv translate --model $OUT"
 echo "Serve it over HTTP: build/qkv serve --model $OUT   (then, from another terminal:"
 echo "  curl http://127.0.0.1:8080/v1/translations -d '{\"text\": [\"Where is the station?\"]}'  )"
+echo
+echo "See it at work: build/qkv explore --model $OUT"
+echo "  opens the explorer page (http://127.0.0.1:8080/): type a sentence, see its translation and every"
+echo "  layer x head of encoder, decoder and cross-attention on it, the chapter's worked example and its"
+echo "  claims on live numbers. Without a desktop, open the address it prints (over ssh: ssh -L 8080:127.0.0.1:8080)."
