@@ -18,7 +18,11 @@ Trains three tiny models (a language model, a translator, a classifier; a few st
   * a client that disconnects mid-stream frees its slot;
   * a load of a few hundred mixed good and bad requests from 8 threads, every answer checked,
     then the server still healthy;
-  * SIGTERM drains: a stream in flight finishes with [DONE], the process exits 0.
+  * SIGTERM drains: a stream in flight finishes with [DONE], the process exits 0;
+  * /v1/attention: every layer and head, rows summing to 1, causal for a language model, equal to
+    `qkv forward --attention` on the same ids, encoder / decoder / cross maps for a translator,
+    its limits (--max-attention) and bad requests; /v1/attend (the worked example on any numbers),
+    /v1/claims, /v1/model and the page at /.
 
 Prints one line per check and "N passed, M failed"; exit status 1 if any failed.
 """
@@ -404,6 +408,130 @@ def task_checks(ck, qkv, tr, cls, work):
         s.stop()
 
 
+def rows_sum_to_one(maps):
+    return all(abs(sum(r) - 1) <= 1e-5 for m in maps for r in m["weights"])
+
+
+def inspect_checks(ck, qkv, lm, tr, work):
+    """/v1/attention against `qkv forward --attention`, its limits; /v1/attend, /v1/claims,
+    /v1/model and the page."""
+    import numpy as np
+    s = Server(qkv, lm, "--max-attention", "3000")
+    try:
+        st, m = s.request("GET", "/v1/model")
+        ck.report(st == 200 and m["task"] == "lm" and m["layers"].get("decoder", 0) >= 1 and m["heads"] >= 1,
+                  "/v1/model describes the model", m)
+        L, H = m["layers"]["decoder"], m["heads"]
+        st, a = s.request("POST", "/v1/attention", {"text": "And God said"})
+        T = len(a.get("tokens", [])) if st == 200 else 0
+        ok = st == 200 and len(a["maps"]) == L * H and a["layers"] == L and a["heads"] == H and \
+            all(m_["kind"] == "self" and m_["stack"] == "decoder" and len(m_["weights"]) == T and
+                all(len(r) == T for r in m_["weights"]) for m_ in a["maps"])
+        ck.report(ok and rows_sum_to_one(a["maps"]), "/v1/attention: %d layers x %d heads of %d x %d, rows sum to 1" %
+                  (L, H, T, T), a if not ok else "")
+        causal = ok and all(m_["weights"][i][j] == 0 for m_ in a["maps"] for i in range(T) for j in range(i + 1, T))
+        ck.report(causal, "/v1/attention: a language model's maps are causal (zero above the diagonal)")
+        # the same maps as qkv forward --attention on the same ids
+        d = os.path.join(work, "attention_forward")
+        os.makedirs(d, exist_ok=True)
+        np.save(os.path.join(d, "ids.npy"), np.array([a["ids"]], np.int64))
+        run([qkv, "--threads", "2", "forward", "--model", lm, "--input", os.path.join(d, "ids.npy"), "--attention",
+             os.path.join(d, "maps")])
+        worst = 0.0
+        for m_ in a["maps"]:
+            f = np.load(os.path.join(d, "maps", "decoder.%d.self.npy" % m_["layer"]))
+            worst = max(worst, float(np.max(np.abs(f[0, m_["head"]] - np.array(m_["weights"])))))
+        ck.report(worst <= 1e-6, "/v1/attention equals qkv forward --attention on the same ids (max diff %.2g)" % worst)
+        st, b = s.request("POST", "/v1/attention", {"text": "And", "layers": [L - 1], "heads": [0, H - 1]})
+        ck.report(st == 200 and [(x["layer"], x["head"]) for x in b["maps"]] == [(L - 1, 0), (L - 1, H - 1)],
+                  "/v1/attention: chosen layers and heads", b if st != 200 else "")
+        for body, param, needle, what in (
+                ({"text": "And God said, Let there be light"}, "text", "--max-attention",
+                 "an answer over --max-attention"),
+                ({"text": "x", "layers": [L]}, "layers", None, "a layer out of range"),
+                ({"text": "x", "heads": [-1]}, "heads", None, "a negative head"),
+                ({"text": "x", "heads": [0, 0]}, "heads", "twice", "a head twice"),
+                ({"text": "x", "heads": []}, "heads", None, "an empty list of heads"),
+                ({"text": "x", "layers": "0"}, "layers", None, "layers as a string"),
+                ({"text": "x", "source": "y"}, "source", None, "a source for a language model"),
+                ({"text": "x", "bogus": 1}, "bogus", "unknown field", "an unknown field"),
+                ({}, "text", None, "no text")):
+            st, b = s.request("POST", "/v1/attention", body)
+            error_of(ck, "/v1/attention 400: " + what, st, b, 400, param, needle)
+        # the worked example
+        st, e = s.request("POST", "/v1/attend", {})
+        ck.report(st == 200 and [round(x, 6) for x in e["scores"]] == [1, 0, 1] and
+                  [round(x, 4) for x in e["qkv"]["weights"]] == [0.4223, 0.1554, 0.4223] and
+                  [round(x, 3) for x in e["qkv"]["output"]] == [5.912, 4.088] and
+                  [round(x, 4) for x in e["exp"]] == [1, 0.3679, 1] and round(e["sum"], 4) == 2.3679,
+                  "/v1/attend: the chapter's example, 0.4223 / 0.1554 / 0.4223 and 5.912 / 4.088", e)
+        st, e = s.request("POST", "/v1/attend", {"mask": [True, True, False]})
+        ck.report(st == 200 and [round(x, 4) for x in e["qkv"]["weights"]] == [0.7311, 0.2689, 0.0] and
+                  round(e["zeroed"]["sum"], 4) == 0.5777, "/v1/attend: masking renormalises; zeroing sums to 0.5777", e)
+        st, e = s.request("POST", "/v1/attend", {"mask": [False, False, False]})
+        ck.report(st == 200 and e["qkv"]["weights"] == [0, 0, 0] and e["qkv"]["output"] == [0, 0] and
+                  e["qkv"]["lse"] is None and e["max"] is None, "/v1/attend: every key masked gives zeros, not NaN", e)
+        st, e = s.request("POST", "/v1/attend", {"q": [1, 0, 0], "keys": [[1, 0, 0], [0, 1, 0]],
+                                                 "values": [[1], [2]], "scale": 1})
+        want = [np.e / (np.e + 1) * 1 + 1 / (np.e + 1) * 2]
+        ck.report(st == 200 and abs(e["output"][0] - want[0]) < 1e-12 and abs(e["qkv"]["output"][0] - want[0]) < 1e-6,
+                  "/v1/attend: other shapes (Dk 3, Dv 1, 2 keys, scale 1)", e)
+        for body, param, what in (({"q": [1, 2, 3]}, "keys", "a query longer than the keys"),
+                                  ({"keys": [[1, 0]]}, "values", "keys without values"),
+                                  ({"mask": [True]}, "mask", "a mask of the wrong length"),
+                                  ({"mask": [1, 0, 1]}, "mask", "a mask of numbers"),
+                                  ({"scale": 0}, "scale", "scale 0"),
+                                  ({"q": ["x", 1]}, "q", "a string in q"),
+                                  ({"keys": [[1, 0]] * 65, "values": [[1]] * 65}, "keys", "65 keys"),
+                                  ({"values": [[1, 2], [3]]}, "values", "ragged values"),
+                                  ({"bogus": 1}, "bogus", "an unknown field")):
+            st, b = s.request("POST", "/v1/attend", body)
+            error_of(ck, "/v1/attend 400: " + what, st, b, 400, param)
+        st, b = s.request("POST", "/v1/attend", raw="[1, 2]")
+        error_of(ck, "/v1/attend 400: a body that is not an object", st, b, 400)
+        st, b = s.request("POST", "/v1/attend", raw='{"q": [1e400, 0]}')
+        error_of(ck, "/v1/attend 400: a number beyond double (1e400)", st, b, 400)
+        st, b = s.request("POST", "/v1/attend", raw='{"q": [NaN, 0]}')
+        error_of(ck, "/v1/attend 400: NaN", st, b, 400)
+        # the claims
+        st, c = s.request("GET", "/v1/claims?seed=5")
+        st2, c2 = s.request("GET", "/v1/claims?seed=5")
+        ck.report(st == 200 and len(c["claims"]) == 9 and all(x["holds"] for x in c["claims"]) and c == c2,
+                  "/v1/claims: nine claims hold, the same for the same seed", [x["id"] for x in c.get("claims", [])])
+        causal_line = [l for x in c.get("claims", []) if x["id"] == "causal" for l in x["lines"]]
+        ck.report(any(l.startswith("the served model") for l in causal_line),
+                  "/v1/claims: parallel = sequential is shown on the served language model", causal_line)
+        for q in ("seed=abc", "seed=-1", "seed=", "seed=99999999999999999999"):
+            st, b = s.request("GET", "/v1/claims?" + q)
+            error_of(ck, "/v1/claims 400: " + q, st, b, 400, "seed")
+        c_ = http.client.HTTPConnection(s.host, s.port, timeout=30)
+        c_.request("GET", "/")
+        r = c_.getresponse()
+        page = r.read().decode()
+        ck.report(r.status == 200 and "<title>qkv explorer</title>" in page and "http" not in
+                  page.replace("http://www.w3.org/2000/svg", "").split("<script>")[0].lower() and "src=" not in page,
+                  "GET /: the explorer page, fetching nothing from elsewhere", r.status)
+    finally:
+        s.stop()
+    s = Server(qkv, tr)
+    try:
+        st, a = s.request("POST", "/v1/attention", {"source": "one two three", "text": "three two one"})
+        T, S = len(a.get("tokens", [])), len(a.get("source_tokens", []))
+        kinds = sorted(set((m_["stack"], m_["kind"]) for m_ in a.get("maps", [])))
+        shapes_ok = st == 200 and all(
+            len(m_["weights"]) == (S if m_["stack"] == "encoder" else T) and
+            all(len(r) == (T if m_["stack"] == "decoder" and m_["kind"] == "self" else S) for r in m_["weights"])
+            for m_ in a["maps"])
+        ck.report(shapes_ok and kinds == [("decoder", "cross"), ("decoder", "self"), ("encoder", "self")] and
+                  rows_sum_to_one(a["maps"]) and a["tokens"][0] == "<s>",
+                  "/v1/attention on a translator: encoder self (S x S), decoder self (T x T), cross (T x S)",
+                  a if not shapes_ok else kinds)
+        st, b = s.request("POST", "/v1/attention", {"text": "three two one"})
+        error_of(ck, "/v1/attention 400: a translator needs a source", st, b, 400, "source")
+    finally:
+        s.stop()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", required=True)
@@ -438,6 +566,7 @@ def main():
     ck = Checks()
     lm_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
+    inspect_checks(ck, qkv, lm, tr, work)
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
