@@ -254,8 +254,8 @@ Runner add_tour(CLI::App& app) {
     std::unique_ptr<Model> lm;
     if (!o->model.empty()) {
       lm = std::make_unique<Model>(load_model(o->model));
-      check(lm->config().arch == Arch::Decoder, "--model ", o->model, ": a ", arch_name(lm->config().arch),
-            " model; the claim needs a decoder-only language model");
+      check(lm->config().arch == Arch::Decoder, "--model ", o->model, ": the model is ", arch_name(lm->config().arch),
+            "; the tour needs a decoder-only language model (or no --model: a small random one)");
     }
     const nlohmann::json steps = attend_steps(ExampleInput::chapter());
     const nlohmann::json claims = chapter_claims(o->seed, lm.get());
