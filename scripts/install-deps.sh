@@ -17,6 +17,7 @@ PACKAGES=(
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
   libcpp-httplib-dev          # qkv serve: the HTTP server
+  libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
   chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
   clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
   libomp-16-dev               # ... and clang's OpenMP runtime, which they link

@@ -1,5 +1,10 @@
 #include "cli_checks.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <filesystem>
 
 #include <charconv>
@@ -119,4 +124,25 @@ CLI::Validator preset_or_model_dir(std::vector<std::string> presets) {
       "PRESET|DIR");
 }
 
+}  // namespace qkv::cli
+
+namespace qkv::cli {
+namespace {
+int saved_stderr = -1;
+}
+void silence_output() {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const int null = ::open("/dev/null", O_WRONLY);
+  if (null < 0) return;
+  saved_stderr = ::dup(2);
+  ::dup2(null, 1);
+  ::dup2(null, 2);
+  ::close(null);
+}
+void restore_error_output() {
+  if (saved_stderr < 0) return;
+  std::fflush(stderr);
+  ::dup2(saved_stderr, 2);
+}
 }  // namespace qkv::cli

@@ -29,3 +29,10 @@ CLI::Validator seed_number();
 CLI::Validator preset_or_model_dir(std::vector<std::string> presets);
 
 }  // namespace qkv::cli
+
+namespace qkv::cli {
+// Ranks other than 0 under mpirun: standard output and error go to /dev/null (rank 0 reports);
+// restore_error_output() brings standard error back, for an error that ends the process.
+void silence_output();
+void restore_error_output();
+}  // namespace qkv::cli

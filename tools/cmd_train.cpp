@@ -20,6 +20,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "mpi_comm.h"
 #include "io/json_strict.h"
 #include "qkv/files.h"
 #include "qkv/qkv.h"
@@ -37,7 +38,7 @@ using json = nlohmann::json;
 // RunOptions (train_json.h): the options train.json keeps for --resume.
 struct Options : RunOptions {
   std::string out, config, tokenizer, spm_type = "unigram", init;
-  int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1;
+  int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1, parts = 1;
   double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
 };
@@ -233,11 +234,70 @@ std::unique_ptr<Tokenizer> train_tokenizer(const RawData& train_raw, const Sente
   }
 }
 
+// A tokenizer from rank 0 to every rank: its saved files, packed as "name\0size\0bytes" records.
+std::unique_ptr<Tokenizer> share_tokenizer(Communicator& comm, std::unique_ptr<Tokenizer> tok) {
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path() /
+                       detail::concat("qkv-tokenizer-", comm.rank(), "-", static_cast<long long>(::getpid()));
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp);
+  std::string blob;
+  if (comm.rank() == 0) {
+    tok->save(tmp.string());
+    for (const auto& e : fs::directory_iterator(tmp)) {
+      const std::string bytes = read_file(e.path().string(), "tokenizer file");
+      blob += e.path().filename().string() + '\0' + std::to_string(bytes.size()) + '\0' + bytes;
+    }
+  }
+  comm.broadcast_string(blob, 0);
+  if (comm.rank() != 0) {
+    size_t at = 0;
+    while (at < blob.size()) {
+      const size_t a = blob.find('\0', at), b = blob.find('\0', a + 1);
+      check(a != std::string::npos && b != std::string::npos, "train: internal: a malformed tokenizer from rank 0");
+      const std::string name = blob.substr(at, a - at);
+      const size_t n = std::stoull(blob.substr(a + 1, b - a - 1));
+      check(b + 1 + n <= blob.size() && name.find('/') == std::string::npos, "train: internal: a malformed tokenizer");
+      write_file_atomic((tmp / name).string(), blob.substr(b + 1, n));
+      at = b + 1 + n;
+    }
+    tok = load_tokenizer(tmp.string());
+  }
+  fs::remove_all(tmp, ec);
+  return tok;
+}
+
+// Rank 0's parameters to every rank, then a checksum of every rank's: they start equal.
+void share_weights(Communicator& comm, Model& model, const char* when) {
+  uint64_t h = fnv1a(nullptr, 0);
+  for (Parameter& p : model.parameters()) {
+    float* d = p.var->value.data<float>();
+    comm.broadcast(d, p.var->value.numel() * static_cast<int64_t>(sizeof(float)), 0);
+    h = fnv1a(d, static_cast<size_t>(p.var->value.numel()) * sizeof(float), h);
+  }
+  check(same_on_every_rank(comm, h), "train: the ranks' weights differ ", when, " (checksums)");
+}
+
 int run(Options o) {
   // From here on SIGINT / SIGTERM only ask to stop: before training, at the next milestone of the
   // setup (nothing written); during training, at the next step (a checkpoint is saved). They are
   // taken by qkv's signal thread, never by a handler on a computing thread (qkv/signals.h).
   const StopRequest stop;
+  // Started by mpirun with N > 1 ranks: data parallelism. Rank 0 writes and reports; the others
+  // stay silent but for errors.
+  std::unique_ptr<Communicator> comm;
+  if (launched_by_mpi()) {
+    comm = mpi_world();
+    if (comm->size() == 1) {
+      comm.reset();
+    } else {
+      check(o.parts == 1 || o.parts == comm->size(), "--parts ", o.parts, ": under mpirun the parts are the ",
+            comm->size(), " ranks");
+      o.parts = comm->size();
+      if (comm->rank() != 0) silence_output();
+    }
+  }
+  const bool lead = !comm || comm->rank() == 0;
   auto stop_requested = [&] {
     if (!stop.requested()) return false;
     std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
@@ -300,9 +360,12 @@ int run(Options o) {
   valid_raw.part = "validation split";
   test_raw.part = "test split";
 
-  // tokenizer: given, saved by an earlier run, or trained now on the training split
+  // tokenizer: given, saved by an earlier run, or trained now on the training split (by rank 0,
+  // which hands it to the other ranks)
   std::unique_ptr<Tokenizer> tok;
-  if (o.resume) {
+  if (!lead) {
+    // (rank 0 builds it)
+  } else if (o.resume) {
     tok = load_tokenizer(o.out);
   } else if (!o.init.empty() && o.tokenizer.empty()) {
     try {
@@ -334,6 +397,7 @@ int run(Options o) {
                    static_cast<long long>(so.vocab_size), static_cast<long long>(tok->vocab_size()));
   }
 
+  if (comm) tok = share_tokenizer(*comm, std::move(tok));
   if (stop_requested()) return 130;
 
   // labels (classify): the training split's, sorted
@@ -415,7 +479,9 @@ int run(Options o) {
                                 .c_str()
                           : "");
   }
+  if (comm) share_weights(*comm, model, "after initialisation");
   TrainConfig tc;
+  tc.token_mean = o.parts > 1;  // N parts (or ranks) give the loss of their whole batch
   tc.seed = o.seed;
   tc.clip_norm = 1.0;
   tc.weight_decay = 0.01;
@@ -428,12 +494,13 @@ int run(Options o) {
   tc.schedule.warmup = o.warmup >= 0 ? o.warmup : p.warmup;
   tc.schedule.lr = o.lr > 0 ? o.lr : 1.0;
   Trainer trainer(model, tc);
+  if (comm) trainer.set_communicator(comm.get());
 
   if (stop_requested()) return 130;
 
-  // Everything checked: only now is the model directory made and written.
+  // Everything checked: only now is the model directory made and written (by rank 0).
   NewDirGuard guard{o.out, ckpt};
-  if (!o.resume) {
+  if (!o.resume && lead) {
     guard.armed = !fs::exists(o.out, ec);
     make_dir(o.out);
     if (n_test > 0) {
@@ -449,11 +516,14 @@ int run(Options o) {
     info.save(o.out);
     write_file_atomic(o.out + "/train.json", options_json(o).dump(2) + "\n");
   }
-  if (const int64_t stale = remove_stale_temp_files(o.out); stale > 0)
+  if (const int64_t stale = lead ? remove_stale_temp_files(o.out) : 0; stale > 0)
     std::fprintf(stderr, "qkv train: removed %lld temporary file(s) left in %s by a killed run\n",
                  static_cast<long long>(stale), o.out.c_str());
-  std::fprintf(stderr, "qkv train: %s model, %lld parameters, %d threads -> %s\n", arch_name(cfg.arch),
-               static_cast<long long>(model.num_parameters()), num_threads(), o.out.c_str());
+  std::fprintf(stderr, "qkv train: %s model, %lld parameters, %d threads%s -> %s\n", arch_name(cfg.arch),
+               static_cast<long long>(model.num_parameters()), num_threads(),
+               comm ? detail::concat(" per rank x ", comm->size(), " ranks (mpirun)").c_str()
+               : o.parts > 1 ? detail::concat(", each batch in ", o.parts, " parts").c_str() : "",
+               o.out.c_str());
 
   LoopConfig lc;
   lc.max_steps = o.steps;
@@ -463,6 +533,7 @@ int run(Options o) {
   lc.eval_every = o.eval_every;
   lc.seed = o.seed;
   lc.stop = &stop.flag();
+  lc.parts = o.parts;
   Progress bar;
   bool started = false;
   const LoopResult r = run_training(trainer, task, train.examples, valid.examples, o.out, lc, o.resume,
@@ -541,6 +612,10 @@ Runner add_train(CLI::App& app) {
   c->add_option("--seed", o->seed, "Seed for the split, initialisation, data order and dropout")
       ->transform(seed_number());
   c->add_flag("--resume", o->resume, "Continue the run in --out exactly where its checkpoint stopped");
+  c->add_option("--parts", o->parts,
+                "Split each batch into N strided parts accumulated in one step, the loss being the whole batch's: what "
+                "mpirun -np N qkv train computes (one part per rank), in one process")
+      ->transform(whole(1, 4096));
   return [o, task_opt] {
     o->task_given = task_opt->count() > 0;
     return run(*o);

@@ -9,6 +9,7 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "mpi_comm.h"
 #include "qkv/qkv.h"
 
 namespace {
@@ -117,22 +118,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    if (threads > 0) qkv::set_num_threads(threads);
+    if (threads > 0) {
+      qkv::set_num_threads(threads);
+    } else if (qkv::cli::launched_by_mpi() && !std::getenv("QKV_NUM_THREADS")) {
+      // ranks on one machine share its cores
+      qkv::set_num_threads(std::max(1, qkv::num_threads() / qkv::cli::local_ranks()));
+    }
     CLI::App* chosen = app.get_subcommands().front();
     const auto& all = app.get_subcommands({});
     for (size_t i = 0; i < all.size(); ++i)
       if (all[i] == chosen) return runners[i]();
     return 2;
   } catch (const qkv::Error& e) {
+    qkv::cli::restore_error_output();
     const std::string what = e.what();
     std::cerr << "qkv: error: " << what;
     if (what.find("cannot allocate") != std::string::npos) std::cerr << "; " << out_of_memory(app);
     std::cerr << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
+    qkv::cli::restore_error_output();
     std::cerr << "qkv: error: " << out_of_memory(app) << "\n";
     return 2;
   } catch (const std::exception& e) {
+    qkv::cli::restore_error_output();
     std::cerr << "qkv: error: " << e.what() << "\n";
     return 2;
   }

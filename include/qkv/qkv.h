@@ -4,6 +4,7 @@
 #include "qkv/autograd.h"
 #include "qkv/cpu.h"
 #include "qkv/data.h"
+#include "qkv/distributed.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/generate.h"

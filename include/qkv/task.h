@@ -59,6 +59,11 @@ struct LoopConfig {
   int64_t eval_every = 0;     // validate every this many steps (0: once per epoch)
   uint64_t seed = 0;          // data order
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return
+  // Each global batch in this many strided parts, accumulated in one step (needs the trainer's
+  // token_mean): what `parts` data-parallel ranks compute. With a communicator on the trainer
+  // the parts are its ranks, rank r training on part r; rank 0 alone validates, writes the
+  // checkpoint, the metrics and the model, and reports progress.
+  int64_t parts = 1;
 };
 
 struct LoopProgress {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "qkv/distributed.h"
 #include "qkv/model.h"
 #include "qkv/rng.h"
 #include "qkv/schedule.h"
@@ -26,6 +27,11 @@ struct TrainConfig {
   double clip_norm = 0.0;         // > 0: scale gradients so their global L2 norm is at most this
   float label_smoothing = 0.0f;
   uint64_t seed = 0;              // dropout masks and the data-order RNG
+  // How micro-batches combine. false: the mean of each micro-batch's mean token loss. true: the
+  // sum of every micro-batch's token losses divided by their total count, the loss of one batch
+  // holding them all; what data parallelism computes (forced on with a Communicator), so that N
+  // ranks give the update of one process accumulating the same N parts.
+  bool token_mean = false;
 };
 
 struct StepReport {
@@ -42,8 +48,17 @@ class Trainer {
   Trainer(Model& model, TrainConfig config);
 
   // One optimiser step over these micro-batches (gradient accumulation: the gradient is the
-  // mean of the micro-batches' gradients). Throws on bad input; never on a non-finite loss.
+  // mean of the micro-batches' gradients, or with token_mean their token-weighted mean). Throws on
+  // bad input; never on a non-finite loss. With a communicator every rank calls step() together
+  // with its own micro-batches (possibly none): their gradients are summed over the ranks in rank
+  // order and normalised by the global token count, the loss and grad_norm reported are the
+  // global ones, and every rank applies the same update.
   StepReport step(const std::vector<Batch>& micro_batches);
+
+  // Data parallelism over comm's ranks (null: this process alone). The communicator must outlive
+  // the trainer's use of it.
+  void set_communicator(Communicator* comm) { comm_ = comm; }
+  Communicator* communicator() const { return comm_; }
 
   int64_t steps_done() const { return step_; }      // steps attempted (the schedule's clock)
   int64_t updates_done() const { return updates_; } // steps applied (AdamW's bias-correction count)
@@ -68,6 +83,7 @@ class Trainer {
   std::vector<Tensor> m_, v_;
   int64_t step_ = 0, updates_ = 0;
   Rng rng_;
+  Communicator* comm_ = nullptr;
 };
 
 // The model config stored in a checkpoint (to build the Model before load_checkpoint).

@@ -273,6 +273,13 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   std::vector<Metric> metrics;
   if (resume) {
     const std::string state = trainer.load_checkpoint(ckpt);
+    if (Communicator* comm = trainer.communicator()) {
+      uint64_t h = fnv1a(nullptr, 0);
+      for (const Parameter& p : trainer.model().parameters())
+        h = fnv1a(p.var->value.data<float>(), static_cast<size_t>(p.var->value.numel()) * sizeof(float), h);
+      check(same_on_every_rank(*comm, h), ckpt, ": the ranks loaded different weights (checksums differ): is ", out_dir,
+            " the same directory on every machine?");
+    }
     json j;
     try {
       j = json::parse(state);
@@ -343,8 +350,31 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
 
   const double start_fraction = std::max(0.0, fraction());
 
-  while (!limit_reached()) {
-    if (config.stop && config.stop->load()) {
+  // Data parallelism: each global batch (the plan's, as in one process) is split into `parts`
+  // strided parts; rank r trains on part r. Every rank runs this same loop, so every decision
+  // that is not a function of the data (a time limit, a signal) is agreed once per step.
+  Communicator* comm = trainer.communicator();
+  const int64_t parts = comm ? comm->size() : std::max<int64_t>(1, config.parts);
+  check(!comm || config.parts <= 1 || config.parts == comm->size(), "train: ", config.parts, " parts on ",
+        comm ? comm->size() : 1, " ranks: with a communicator the parts are the ranks");
+  check(parts == 1 || comm || trainer.config().token_mean,
+        "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
+  const bool lead = !comm || comm->rank() == 0;  // validates, writes and reports
+  bool limit = false, stop_now = false;
+  auto decide = [&] {
+    limit = limit_reached();
+    stop_now = config.stop && config.stop->load();
+    if (comm) {
+      double f[2] = {limit ? 1.0 : 0.0, stop_now ? 1.0 : 0.0};
+      comm->sum_doubles(f, 2);
+      limit = f[0] > 0;
+      stop_now = f[1] > 0;
+    }
+  };
+  decide();
+
+  while (!limit) {
+    if (stop_now) {
       res.interrupted = true;
       break;
     }
@@ -352,17 +382,39 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       ++epoch;
       batch_pos = 0;
       plan = plan_for(epoch);
+      decide();
       continue;  // the epoch limit is checked first
     }
-    const Batch b = make_batch(cfg, task, train, plan.batches[static_cast<size_t>(batch_pos)]);
-    const StepReport rep = trainer.step({b});
+    const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(batch_pos)];
+    std::vector<Batch> micro;
+    if (parts == 1) {
+      micro.push_back(make_batch(cfg, task, train, global));
+    } else {
+      for (int64_t part = 0; part < parts; ++part) {
+        if (comm && part != comm->rank()) continue;
+        std::vector<int64_t> idx;
+        for (size_t i = static_cast<size_t>(part); i < global.size(); i += static_cast<size_t>(parts))
+          idx.push_back(global[i]);
+        if (!idx.empty()) micro.push_back(make_batch(cfg, task, train, idx));
+      }
+    }
+    const StepReport rep = trainer.step(micro);
     ++batch_pos;
-    if (task == Task::Classify) {
+    if (parts > 1) {
+      // the global batch's: counted over every rank (classify: its input tokens)
+      if (task == Task::Classify) {
+        for (int64_t i : global) tokens += lengths[static_cast<size_t>(i)];
+      } else {
+        tokens += rep.tokens;
+      }
+    } else if (task == Task::Classify) {
       // a classifier's tokens are its inputs' (each example has one target)
+      const Batch& b = micro[0];
       for (int64_t r = 0; r < b.input_lengths.numel(); ++r) tokens += b.input_lengths.data<int64_t>()[r];
     } else {
-      tokens += counted_targets(b, pad);
+      tokens += counted_targets(micro[0], pad);
     }
+    decide();
     LoopProgress p;
     p.step = rep.step;
     p.epoch = epoch;
@@ -378,7 +430,8 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     // (a stop request skips validation: Ctrl-C should save and return at once)
     // (without --eval-every: at the end of each epoch, whatever its length)
     const bool eval_now = (config.eval_every > 0 ? rep.step % config.eval_every == 0 : batch_pos == per_epoch()) ||
-                          limit_reached();
+                          limit;
+    if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
     if (eval_now && !valid.empty()) {
       const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
       m.valid_loss = last_valid = ev.loss;
@@ -403,6 +456,10 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     p.fraction = fraction();
     if (on_progress) on_progress(p);
   }
+  res.steps = trainer.steps_done();
+  res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
+  res.seconds = elapsed();
+  if (!lead) return res;
   // A run that ended between evaluations is validated once more (its weights may be the best).
   if (!res.interrupted && last_eval_step != trainer.steps_done() && !valid.empty() &&
       trainer.steps_done() > start_step) {
@@ -422,11 +479,8 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   write_curve(out_dir, metrics, task);
   struct stat st{};
   if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
-  res.steps = trainer.steps_done();
-  res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
   res.best_valid_loss = std::isfinite(best) ? best : nan;
   res.last_valid_loss = last_valid;
-  res.seconds = elapsed();
   return res;
 }
 

@@ -1,6 +1,7 @@
 // Trainer: accumulation, clipping, non-finite step skipping, AdamW, checkpoints.
 #include "qkv/train.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -52,25 +53,42 @@ Trainer::Trainer(Model& model, TrainConfig config) : model_(model), config_(std:
 }
 
 StepReport Trainer::step(const std::vector<Batch>& micro) {
-  check(!micro.empty(), "train: a step needs at least one batch");
+  const bool token_mean = config_.token_mean || comm_ != nullptr;
+  check(!micro.empty() || comm_, "train: a step needs at least one batch");
   std::vector<Parameter>& params = model_.parameters();
   for (Parameter& p : params) p.var->zero_grad();
   StepReport r;
   r.step = step_ + 1;
   const float inv = 1.0f / static_cast<float>(micro.size());
+  // a rank's micro-batch k is part rank + k of the global batch: its dropout stream is that part's
+  const uint64_t first = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
   double loss_sum = 0;
   for (size_t k = 0; k < micro.size(); ++k) {
     Tape tape;
     ForwardOptions opt;
     opt.training = true;
-    opt.dropout_seed = mix(mix(config_.seed, static_cast<uint64_t>(r.step)), k);
+    opt.dropout_seed = mix(mix(config_.seed, static_cast<uint64_t>(r.step)), first + k);
     Var logits = model_.logits(tape, micro[k], opt);
     int64_t counted = 0;
     Var loss = model_.loss(tape, logits, micro[k], config_.label_smoothing, &counted);
     logits.reset();
     const double l = loss->value.data<float>()[0];
-    loss_sum += l;
     r.tokens += counted;
+    if (token_mean) {
+      // the sum of the part's token losses; the gradient likewise, divided by the global count below
+      if (counted == 0) {
+        tape.clear();
+        continue;
+      }
+      loss_sum += l * static_cast<double>(counted);
+      if (std::isfinite(l)) {
+        tape.backward(loss, static_cast<float>(counted));
+      } else {
+        tape.clear();
+      }
+      continue;
+    }
+    loss_sum += l;
     if (std::isfinite(l)) {
       // grad <- grad + (1 / micro-batches) d(loss_k)
       tape.backward(loss, inv);
@@ -78,9 +96,18 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
       tape.clear();
     }
   }
-  r.loss = loss_sum / static_cast<double>(micro.size());
   r.lr = learning_rate(config_.schedule, r.step);
   step_ = r.step;
+  double grad_divisor = 1.0;  // token_mean: the gradient so far is of the sum of token losses
+  if (token_mean) {
+    double totals[2] = {loss_sum, static_cast<double>(r.tokens)};
+    if (comm_) comm_->sum_doubles(totals, 2);
+    r.tokens = static_cast<int64_t>(totals[1]);
+    r.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
+    grad_divisor = std::max(totals[1], 1.0);
+  } else {
+    r.loss = loss_sum / static_cast<double>(micro.size());
+  }
 
   // A parameter no gradient reached (e.g. an unused embedding row's whole table) has gradient 0.
   std::vector<const float*> gp;
@@ -94,8 +121,23 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     gp.push_back(p.var->grad.data<float>());
     sizes.push_back(p.var->value.numel());
   }
+  if (comm_) {
+    // every rank's gradients summed, in rank order (the same bits on every rank and run)
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    std::vector<float> flat(static_cast<size_t>(total));
+    int64_t at = 0;
+    for (size_t i = 0; i < gp.size(); ++i) std::memcpy(flat.data() + at, gp[i], sizeof(float) * sizes[i]), at += sizes[i];
+    comm_->sum_floats(flat.data(), total);
+    at = 0;
+    for (Parameter& p : params) {
+      std::memcpy(p.var->grad.data<float>(), flat.data() + at, sizeof(float) * p.var->value.numel());
+      at += p.var->value.numel();
+    }
+  }
   const int threads = num_threads();
-  r.grad_norm = std::sqrt(kernels::global_grad_norm_sq(gp.data(), sizes.data(), static_cast<int64_t>(gp.size()), threads));
+  r.grad_norm = std::sqrt(kernels::global_grad_norm_sq(gp.data(), sizes.data(), static_cast<int64_t>(gp.size()), threads)) /
+                grad_divisor;
   // NaN fails every comparison, so test finiteness, never "norm > limit".
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm)) {
     r.skipped = true;
@@ -103,11 +145,12 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   }
   // g <- g * min(1, clip / (norm + 1e-6))   (torch.nn.utils.clip_grad_norm_), applied inside
   // the AdamW pass; the gradients themselves are left as backward made them.
-  float grad_scale = 1.0f;
+  double scale = 1.0 / grad_divisor;
   if (config_.clip_norm > 0) {
     const double coef = config_.clip_norm / (r.grad_norm + 1e-6);
-    if (coef < 1.0) grad_scale = static_cast<float>(coef);
+    if (coef < 1.0) scale *= coef;
   }
+  const auto grad_scale = static_cast<float>(scale);
   ++updates_;
   for (size_t i = 0; i < params.size(); ++i) {
     kernels::AdamWParams ap;
@@ -146,6 +189,7 @@ void Trainer::save_checkpoint(const std::string& path, const std::string& data_s
                 {"decay_all", config_.decay_all},
                 {"clip_norm", config_.clip_norm},
                 {"label_smoothing", config_.label_smoothing},
+                {"token_mean", config_.token_mean},
                 {"seed", config_.seed}};
   std::map<std::string, std::string> meta = {{"qkv_checkpoint", "1"},
                                              {"config", model_.config().to_json()},
@@ -230,6 +274,8 @@ std::string Trainer::load_checkpoint(const std::string& path) {
     cfg.decay_all = train.at("decay_all").get<bool>();
     cfg.clip_norm = train.at("clip_norm").get<double>();
     cfg.label_smoothing = train.at("label_smoothing").get<float>();
+    // (absent from checkpoints written before it existed: those averaged micro-batch means)
+    if (train.contains("token_mean")) cfg.token_mean = train.at("token_mean").get<bool>();
     check(train.at("seed").is_number_unsigned(), path, ": checkpoint \"seed\" is ", train.at("seed").dump(),
           "; expected an integer in [0, 2^64)");
     cfg.seed = train.at("seed").get<uint64_t>();

@@ -1,0 +1,40 @@
+// qkv/distributed.h: what data-parallel training needs from the processes it runs in.
+//
+// A Communicator connects N ranks (processes started together, e.g. by mpirun). The library
+// only uses this interface; the command line implements it on Open MPI (tools/mpi_comm.cpp) when
+// qkv is built with MPI, and a single process uses none. Every reduction here sums in rank order
+// 0, 1, ..., N-1 whatever the transport's own algorithms would choose, so N ranks give the same
+// bits on every rank and on every run (MPI_Allreduce's order may change with the message size,
+// the process placement or the library version).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace qkv {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data <- sum over ranks of every rank's data (n floats), summed in rank order: on every rank
+  // element i is ((x_0[i] + x_1[i]) + x_2[i]) + ... in float32.
+  virtual void sum_floats(float* data, int64_t n) = 0;
+  // The same for doubles (token counts, losses: small vectors).
+  virtual void sum_doubles(double* data, int64_t n) = 0;
+  // bytes of rank `root` to every rank (each passes a buffer of the same size).
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  // A byte string of rank `root` to every rank (any length).
+  void broadcast_string(std::string& s, int root);
+  virtual void barrier() = 0;
+};
+
+// FNV-1a over bytes, continuing from h: a checksum of parameters, to assert that ranks agree.
+uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);
+// True on every rank when every rank passed the same value.
+bool same_on_every_rank(Communicator& comm, uint64_t value);
+
+}  // namespace qkv
