@@ -39,7 +39,11 @@ async function main() {
     // ---- the worked example ----
     report(await waitText(page, "#ex-weights", "0.4223 / 0.1554 / 0.4223"), "the worked example's weights are 0.4223 / 0.1554 / 0.4223", await text(page, "#ex-weights"));
     report(await waitText(page, "#ex-output", "5.912 / 4.088"), "the worked example's output is 5.912 / 4.088", await text(page, "#ex-output"));
-    // change q and compare with `qkv attend` on the same numbers
+    // change q and compare with `qkv attend` on the same numbers; a burst of changes first, whose
+    // answers may come back in any order: the page must show the last one's
+    for (const v of [3, 1, 2.5, 0.7, 4]) {
+      await page.$eval('input[data-name="q0"]', (e, x) => { e.value = String(x); e.dispatchEvent(new Event("change")); }, v);
+    }
     for (let d = 0; d < args.changed.q.length; d++) {
       await page.$eval('input[data-name="q' + d + '"]', (e, v) => { e.value = String(v); e.dispatchEvent(new Event("change")); }, args.changed.q[d]);
     }

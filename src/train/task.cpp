@@ -373,7 +373,11 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   };
   decide();
 
-  while (!limit) {
+  while (true) {
+    // one process looks at the clock and the stop flag here, as it always did; ranks use what
+    // they agreed on at the end of the last step
+    if (!comm) decide();
+    if (limit) break;
     if (stop_now) {
       res.interrupted = true;
       break;
@@ -382,7 +386,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       ++epoch;
       batch_pos = 0;
       plan = plan_for(epoch);
-      decide();
+      if (comm) decide();
       continue;  // the epoch limit is checked first
     }
     const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(batch_pos)];
@@ -414,7 +418,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     } else {
       tokens += counted_targets(micro[0], pad);
     }
-    decide();
+    decide();  // (ranks: agreed here, once per step)
     LoopProgress p;
     p.step = rep.step;
     p.epoch = epoch;
