@@ -560,6 +560,9 @@ int run(Options o) {
   std::printf("qkv train: %s %lld steps (%lld epochs) in %s; %s; model in %s\n",
               r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
               static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), best.c_str(), o.out.c_str());
+  if (comm && r.step_seconds > 0)
+    std::fprintf(stderr, "qkv train: %d ranks; summing gradients over them took %.1f%% of the step time (%.2f of %.2f s)\n",
+                 comm->size(), 100.0 * r.comm_seconds / r.step_seconds, r.comm_seconds, r.step_seconds);
   if (r.interrupted) {
     std::fprintf(stderr, "qkv train: checkpoint saved; continue with: qkv train --out %s --resume [--steps/--epochs/--minutes]\n",
                  o.out.c_str());

@@ -85,6 +85,8 @@ struct LoopResult {
   double last_valid_loss = 0;
   double seconds = 0;           // this run's training time
   bool interrupted = false;     // stopped by LoopConfig::stop
+  double step_seconds = 0;      // in Trainer::step (this run)
+  double comm_seconds = 0;      // ... of which summing over the ranks (data parallelism)
 };
 
 // Trains the trainer's model. Writes into out_dir (which exists):

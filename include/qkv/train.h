@@ -40,7 +40,8 @@ struct StepReport {
   double grad_norm = 0;     // global L2 norm before clipping
   double lr = 0;
   bool skipped = false;     // loss or gradient norm not finite: parameters and optimiser state untouched
-  int64_t tokens = 0;       // counted (non-ignored) targets
+  int64_t tokens = 0;       // counted (non-ignored) targets (with token_mean or ranks: all ranks')
+  double comm_seconds = 0;  // with a communicator: time spent summing over the ranks (waiting included)
 };
 
 class Trainer {

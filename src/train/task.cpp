@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -372,6 +373,22 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     }
   };
   decide();
+  // Validation: with N ranks each scores every N-th example and the sums are added (in rank order).
+  auto validate = [&]() -> EvalResult {
+    if (!comm) return evaluate(model, task, valid, config.max_tokens);
+    std::vector<Example> share;
+    for (size_t i = static_cast<size_t>(comm->rank()); i < valid.size(); i += static_cast<size_t>(comm->size()))
+      share.push_back(valid[i]);
+    const EvalResult e = share.empty() ? EvalResult{} : evaluate(model, task, share, config.max_tokens);
+    const auto n = static_cast<double>(e.count);
+    double sums[3] = {e.loss * n, n, e.accuracy * n};
+    comm->sum_doubles(sums, 3);
+    EvalResult all;
+    all.count = static_cast<int64_t>(sums[1]);
+    all.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+    all.accuracy = sums[1] > 0 ? sums[2] / sums[1] : 0.0;
+    return all;
+  };
 
   while (true) {
     // one process looks at the clock and the stop flag here, as it always did; ranks use what
@@ -402,7 +419,11 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
         if (!idx.empty()) micro.push_back(make_batch(cfg, task, train, idx));
       }
     }
+    const auto step_t0 = std::chrono::steady_clock::now();
     const StepReport rep = trainer.step(micro);
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0).count();
+    res.step_seconds += step_s;
+    res.comm_seconds += rep.comm_seconds;
     ++batch_pos;
     if (parts > 1) {
       // the global batch's: counted over every rank (classify: its input tokens)
@@ -431,13 +452,17 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
     json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
     if (rep.skipped) extra["skipped"] = true;
+    if (comm) extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
     // (a stop request skips validation: Ctrl-C should save and return at once)
     // (without --eval-every: at the end of each epoch, whatever its length)
     const bool eval_now = (config.eval_every > 0 ? rep.step % config.eval_every == 0 : batch_pos == per_epoch()) ||
                           limit;
+    if (eval_now) last_eval_step = rep.step;
+    std::optional<EvalResult> evaluated;
+    if (eval_now && !valid.empty()) evaluated = validate();  // (every rank: its share)
     if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
-    if (eval_now && !valid.empty()) {
-      const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
+    if (evaluated) {
+      const EvalResult ev = *evaluated;
       m.valid_loss = last_valid = ev.loss;
       extra["valid_accuracy"] = ev.accuracy;
       p.evaluated = true;
@@ -452,7 +477,6 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     metrics.push_back(m);
     metrics_text += metric_line(m, extra) + "\n";
     if (eval_now) {
-      last_eval_step = rep.step;
       save_checkpoint();
       write_file_atomic(metrics_path, metrics_text);
       write_curve(out_dir, metrics, task);
@@ -463,11 +487,14 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   res.steps = trainer.steps_done();
   res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
   res.seconds = elapsed();
-  if (!lead) return res;
   // A run that ended between evaluations is validated once more (its weights may be the best).
+  std::optional<EvalResult> final_eval;
   if (!res.interrupted && last_eval_step != trainer.steps_done() && !valid.empty() &&
-      trainer.steps_done() > start_step) {
-    const EvalResult ev = evaluate(model, task, valid, config.max_tokens);
+      trainer.steps_done() > start_step)
+    final_eval = validate();
+  if (!lead) return res;
+  if (final_eval) {
+    const EvalResult ev = *final_eval;
     last_valid = ev.loss;
     if (ev.loss < best) {
       best = ev.loss;

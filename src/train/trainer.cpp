@@ -2,6 +2,7 @@
 #include "qkv/train.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -101,7 +102,11 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   double grad_divisor = 1.0;  // token_mean: the gradient so far is of the sum of token losses
   if (token_mean) {
     double totals[2] = {loss_sum, static_cast<double>(r.tokens)};
-    if (comm_) comm_->sum_doubles(totals, 2);
+    if (comm_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      comm_->sum_doubles(totals, 2);
+      r.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     r.tokens = static_cast<int64_t>(totals[1]);
     r.loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
     grad_divisor = std::max(totals[1], 1.0);
@@ -128,7 +133,9 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     std::vector<float> flat(static_cast<size_t>(total));
     int64_t at = 0;
     for (size_t i = 0; i < gp.size(); ++i) std::memcpy(flat.data() + at, gp[i], sizeof(float) * sizes[i]), at += sizes[i];
+    const auto t0 = std::chrono::steady_clock::now();
     comm_->sum_floats(flat.data(), total);
+    r.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     at = 0;
     for (Parameter& p : params) {
       std::memcpy(p.var->grad.data<float>(), flat.data() + at, sizeof(float) * p.var->value.numel());
