@@ -15,13 +15,15 @@ generated pairs, each run under `mpirun --oversubscribe` so that it runs on any 
   * a SentencePiece vocabulary trained by rank 0 reaches the other ranks (losses equal --parts 2);
   * only rank 0 reports: one summary line, one progress stream;
   * faults: `kill -9` of one rank makes mpirun exit non-zero within 60 s, and the last checkpoint
-    still loads and trains on.
+    still loads and trains on; Ctrl-C (SIGINT) on mpirun stops every rank at the same step, rank 0
+    saves one checkpoint, and 2 ranks resume from it.
 
 Prints one line per check and "N passed, M failed"; exit status 1 if any failed.
 """
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -134,6 +136,34 @@ def main():
             e = rel(losses(cont3), losses(ref))
             ck.report(e <= 1e-6, "a 2-rank checkpoint resumed with 3 ranks (dropout 0): the same global batches, "
                       "losses within 1e-6 relative of 2 ranks throughout (max %.2g)" % e)
+    # the other tasks: a language model and a classifier, and fine-tuning with --init
+    text, labeled = os.path.join(work, "text.txt"), os.path.join(work, "labels.tsv")
+    with open(text, "w") as f:
+        for i in range(200):
+            f.write("And God said let there be %s and %s\n" % (words[i % 10], words[(i * 7) % 10]))
+    with open(labeled, "w") as f:
+        for i in range(200):
+            f.write("%s\t%s %s\n" % ("odd" if i % 2 else "even", words[i % 10], words[(i * 3) % 10]))
+    base = ["--threads", "1", "train", "--preset", "tiny", "--tokenizer", "byte", "--steps", "8", "--max-len", "48",
+            "--max-tokens", "500"]
+    for task, path, extra in (("lm", text, []), ("classify", labeled, []),
+                              ("lm", text, ["--init", os.path.join(work, "ranks2-lm-lm")])):
+        name = f"{task}{'-init' if extra else ''}"
+        runs = []
+        for ranks, more in ((0, ["--parts", "2"]), (2, [])):
+            out = os.path.join(work, f"ranks{ranks}-{name}-{task}")
+            args = [qkv] + base + ["--task", task, "--data", path, "--out", out] + more + extra
+            if extra:
+                args.remove("--tokenizer")
+                args.remove("byte")
+            rc, so, se = run((mpirun + [str(ranks)] if ranks else []) + args)
+            if rc != 0:
+                ck.report(False, f"{name}: {ranks or 1} process(es) exited {rc}", se[-800:])
+            runs.append(out)
+        if all(os.path.exists(os.path.join(r, "metrics.jsonl")) for r in runs):
+            e = rel(losses(runs[1]), losses(runs[0]))
+            ck.report(e <= 1e-6, f"--task {task}{' --init (fine-tuning)' if extra else ''}: 2 ranks = --parts 2 "
+                      f"(8 losses, max {e:.2g})")
     # a SentencePiece vocabulary, trained by rank 0 and sent to the others
     i = common.index("--tokenizer")
     spm_common = common[:i] + common[i + 2:] + ["--vocab", "300"]
@@ -181,6 +211,33 @@ def main():
                   (time.time() - t0), (rc, err[-500:]))
         rc, so, se = run([qkv, "--threads", "1", "train", "--out", out, "--resume", "--steps", "25"])
         ck.report(rc == 0, "... and the last checkpoint loads and trains on (one process)", se[-500:])
+    # Ctrl-C on mpirun: every rank stops at the same step, rank 0 saves one checkpoint, and a resume
+    # with 2 ranks continues from it
+    out = os.path.join(work, "interrupted")
+    p = subprocess.Popen(mpirun + ["2", qkv] + common + ["--out", out, "--steps", "100000"], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not os.path.exists(os.path.join(out, "checkpoint.safetensors")):
+        time.sleep(0.2)
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    try:
+        so, se = p.communicate(timeout=60)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        p.kill()
+        so, se = p.communicate()
+        rc = None
+    m = re.search(r"interrupted after (\d+) steps", so)
+    saved = se.count("checkpoint saved")
+    ck.report(rc is not None and m is not None and saved == 1,
+              "Ctrl-C on mpirun: the ranks stop together, one checkpoint saved, mpirun ends (exit %s)" % rc, (so, se[-600:]))
+    if m:
+        n = int(m.group(1))
+        rc2, so2, se2 = run(mpirun + ["2", qkv, "--threads", "1", "train", "--out", out, "--resume", "--steps", str(n + 3)])
+        steps = [s_ for s_, _ in losses(out)]
+        ck.report(rc2 == 0 and steps[-1] == n + 3 and steps[:n] == list(range(1, n + 1)),
+                  "... and resumes with 2 ranks from step %d to %d" % (n, n + 3), se2[-500:])
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
