@@ -9,6 +9,8 @@ generated pairs, each run under `mpirun --oversubscribe` so that it runs on any 
   * exactness: 2 and 3 ranks give every loss within 1e-6 relative of one process accumulating
     the same 2 or 3 parts of each batch (`qkv train --parts N`);
   * determinism: the same N, seed and threads give bitwise-identical losses and model files;
+  * overlap: with small buckets (--bucket-mb 0.05) the gradients are summed while the backward
+    pass runs (all buckets but the last, from the second step on), with the same bits;
   * resume: a checkpoint written by 2 ranks continues with 2 ranks bitwise as if never stopped,
     and with 3 ranks within 1e-6 relative of the 2-rank run (the same global batches split
     another way; dropout 0, since each part has its own dropout masks);
@@ -108,6 +110,17 @@ def main():
         ck.report(e <= 1e-6, "2 ranks = one process with --parts 2: 20 losses within 1e-6 relative (max %.2g)" % e)
         ck.report(so.count("qkv train: trained") == 1 and se.count("qkv train: encoder-decoder model") == 1,
                   "only rank 0 reports (one summary, one setup line)", so + se[-600:])
+    # small buckets: summed while the backward pass runs, the same bits
+    small, rc, _, _ = train("ranks2-buckets", 2, "--bucket-mb", "0.05")
+    if rc == 0:
+        ck.report(losses(small) == losses(mpi2), "2 ranks, 0.05 MiB buckets: bitwise the 4 MiB buckets' losses")
+        with open(os.path.join(small, "metrics.jsonl")) as f:
+            ms = [json.loads(l) for l in f if '"buckets"' in l]
+        early = [m["buckets_in_backward"] for m in ms[1:]]
+        ck.report(len(ms) == 20 and ms[0]["buckets"] >= 20 and all(e >= m["buckets"] - 1 for e, m in zip(early, ms[1:]))
+                  and not any(m.get("resummed") for m in ms),
+                  "... %d buckets, from step 2 on all but the last started during the backward pass, none resent" %
+                  (ms[0]["buckets"] if ms else 0), [(m["buckets"], m["buckets_in_backward"]) for m in ms[:3]])
     one3, _, _, _ = train("parts3", 0, "--parts", "3")
     mpi3, rc, _, _ = train("ranks3", 3)
     if rc == 0:

@@ -39,6 +39,7 @@ using json = nlohmann::json;
 struct Options : RunOptions {
   std::string out, config, tokenizer, spm_type = "unigram", init;
   int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1, parts = 1;
+  double bucket_mb = 4;
   double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
 };
@@ -482,6 +483,7 @@ int run(Options o) {
   if (comm) share_weights(*comm, model, "after initialisation");
   TrainConfig tc;
   tc.token_mean = o.parts > 1;  // N parts (or ranks) give the loss of their whole batch
+  tc.bucket_bytes = std::max<int64_t>(4, static_cast<int64_t>(o.bucket_mb * 1048576.0));
   tc.seed = o.seed;
   tc.clip_norm = 1.0;
   tc.weight_decay = 0.01;
@@ -619,6 +621,10 @@ Runner add_train(CLI::App& app) {
                 "Split each batch into N strided parts accumulated in one step, the loss being the whole batch's: what "
                 "mpirun -np N qkv train computes (one part per rank), in one process")
       ->transform(whole(1, 4096));
+  c->add_option("--bucket-mb", o->bucket_mb,
+                "Under mpirun: gradients are summed over the ranks in buckets of this many MiB, each as soon as the "
+                "backward pass has finished it (default 4; the results do not depend on it)")
+      ->transform(finite(0.001, 1024));
   return [o, task_opt] {
     o->task_given = task_opt->count() > 0;
     return run(*o);

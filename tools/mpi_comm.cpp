@@ -66,11 +66,40 @@ class MpiWorld : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // the non-blocking sums' two phases, each on its own communicator: every rank issues each
+    // phase's collectives in bucket order, whatever order the phases interleave in
+    ok(MPI_Comm_dup(MPI_COMM_WORLD, &scatter_), "MPI_Comm_dup");
+    ok(MPI_Comm_dup(MPI_COMM_WORLD, &gather_), "MPI_Comm_dup");
   }
   ~MpiWorld() override {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    pending_.clear();
+    MPI_Comm_free(&scatter_);
+    MPI_Comm_free(&gather_);
+    MPI_Finalize();
+  }
+  void start_sum(float* data, int64_t n) override {
+    if (size_ == 1 || n == 0) return;
+    const int64_t N = size_, chunk = (n + N - 1) / N;
+    check(chunk <= (int64_t{1} << 30), "MPI: a bucket of ", n, " floats is too large");
+    auto p = std::make_unique<Pending>();
+    p->data = data;
+    p->n = n;
+    p->chunk = chunk;
+    p->send.assign(static_cast<size_t>(chunk * N), 0.0f);
+    p->recv.resize(static_cast<size_t>(chunk * N));
+    std::copy(data, data + n, p->send.begin());
+    ok(MPI_Ialltoall(p->send.data(), static_cast<int>(chunk), MPI_FLOAT, p->recv.data(), static_cast<int>(chunk),
+                     MPI_FLOAT, scatter_, &p->request),
+       "MPI_Ialltoall");
+    pending_.push_back(std::move(p));
+  }
+  void progress() override { advance(false); }
+  void wait_all() override {
+    advance(true);
+    pending_.clear();
   }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -111,7 +140,49 @@ class MpiWorld : public Communicator {
     }
   }
 
+  // A non-blocking sum: all-to-all (stage 0), rank-order sum and all-gather (stage 1), landed (2).
+  struct Pending {
+    float* data = nullptr;
+    int64_t n = 0, chunk = 0;
+    std::vector<float> send, recv, mine;
+    MPI_Request request = MPI_REQUEST_NULL;
+    int stage = 0;
+  };
+
+  // Moves every pending sum on as far as it goes, in bucket order (a bucket's all-gather is
+  // issued only after every earlier bucket's); with block, until all have landed.
+  void advance(bool block) {
+    const auto finished = [&](MPI_Request* r) {
+      int done = 1;
+      if (block) {
+        ok(MPI_Wait(r, MPI_STATUS_IGNORE), "MPI_Wait");
+      } else {
+        ok(MPI_Test(r, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      }
+      return done != 0;
+    };
+    for (auto& p : pending_) {
+      if (p->stage == 0) {
+        if (!finished(&p->request)) return;  // later buckets' all-gathers wait for this one's
+        const int64_t N = size_, chunk = p->chunk;
+        p->mine.assign(p->recv.begin(), p->recv.begin() + chunk);
+        for (int64_t j = 1; j < N; ++j)
+          for (int64_t i = 0; i < chunk; ++i) p->mine[static_cast<size_t>(i)] += p->recv[static_cast<size_t>(j * chunk + i)];
+        ok(MPI_Iallgather(p->mine.data(), static_cast<int>(chunk), MPI_FLOAT, p->send.data(), static_cast<int>(chunk),
+                          MPI_FLOAT, gather_, &p->request),
+           "MPI_Iallgather");
+        p->stage = 1;
+      }
+      if (p->stage == 1 && finished(&p->request)) {
+        std::copy(p->send.begin(), p->send.begin() + p->n, p->data);
+        p->stage = 2;
+      }
+    }
+  }
+
   int rank_ = 0, size_ = 1;
+  MPI_Comm scatter_ = MPI_COMM_NULL, gather_ = MPI_COMM_NULL;
+  std::vector<std::unique_ptr<Pending>> pending_;
 };
 
 }  // namespace

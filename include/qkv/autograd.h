@@ -31,6 +31,11 @@ struct Node {
   Tensor grad;                // same shape; meaningful only when has_grad
   bool has_grad = false;      // false: grad holds nothing yet (the next write overwrites)
   bool requires_grad = false; // false: backward skips this node (inputs, constants)
+  // The index on its tape of the last backward closure that wrote this gradient (-1: none since
+  // it was reset). Backward runs closures from the last recorded to the first, so once the
+  // closure at this index has run the gradient is final: what data parallelism needs to know to
+  // send a gradient while the backward pass goes on.
+  int64_t last_writer = -1;
 
   // The gradient buffer to write into. `*add` is set to true when it already holds a
   // contribution (the caller must add to it) and false when the caller may overwrite it.
@@ -58,6 +63,10 @@ class Tape {
   void backward(const Var& out, const Tensor& grad_out);
   void clear() { ops_.clear(); }
   size_t size() const { return ops_.size(); }
+
+  // Called during backward() after each closure has run, with that closure's index (recorded
+  // order; they run from size() - 1 down to 0).
+  std::function<void(size_t)> after_op;
 
  private:
   void run();

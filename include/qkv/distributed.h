@@ -23,6 +23,13 @@ class Communicator {
   // data <- sum over ranks of every rank's data (n floats), summed in rank order: on every rank
   // element i is ((x_0[i] + x_1[i]) + x_2[i]) + ... in float32.
   virtual void sum_floats(float* data, int64_t n) = 0;
+  // The same, without waiting: start_sum() begins summing data (the sum lands in data, as
+  // sum_floats leaves it), progress() lets started sums advance (call it often while computing),
+  // wait_all() returns once every started sum has landed. Every rank starts the same sums (sizes)
+  // in the same order. The default sums at once.
+  virtual void start_sum(float* data, int64_t n) { sum_floats(data, n); }
+  virtual void progress() {}
+  virtual void wait_all() {}
   // The same for doubles (token counts, losses: small vectors).
   virtual void sum_doubles(double* data, int64_t n) = 0;
   // bytes of rank `root` to every rank (each passes a buffer of the same size).

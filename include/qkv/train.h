@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct TrainConfig {
   // holding them all; what data parallelism computes (forced on with a Communicator), so that N
   // ranks give the update of one process accumulating the same N parts.
   bool token_mean = false;
+  // Data parallelism: gradients are summed over the ranks in buckets of about this many bytes,
+  // each as soon as the backward pass has finished it (results do not depend on it).
+  int64_t bucket_bytes = int64_t{4} << 20;
 };
 
 struct StepReport {
@@ -41,7 +45,10 @@ struct StepReport {
   double lr = 0;
   bool skipped = false;     // loss or gradient norm not finite: parameters and optimiser state untouched
   int64_t tokens = 0;       // counted (non-ignored) targets (with token_mean or ranks: all ranks')
-  double comm_seconds = 0;  // with a communicator: time spent summing over the ranks (waiting included)
+  double comm_seconds = 0;  // with a communicator: time spent waiting for sums over the ranks
+  int64_t buckets = 0;         // ... gradient buckets summed
+  int64_t buckets_early = 0;   // ... of which started while the backward pass was still running
+  bool resummed = false;       // ... a gradient was written after its bucket left: all summed again
 };
 
 class Trainer {
@@ -85,6 +92,9 @@ class Trainer {
   int64_t step_ = 0, updates_ = 0;
   Rng rng_;
   Communicator* comm_ = nullptr;
+  struct Reducer;
+  std::shared_ptr<Reducer> reducer_;
+  int64_t reducer_bytes_ = 0;
 };
 
 // The model config stored in a checkpoint (to build the Model before load_checkpoint).

@@ -9,10 +9,16 @@
 #include "qkv/parallel.h"
 
 namespace qkv {
+namespace {
+// The closure Tape::run is running on this thread (-1: none).
+thread_local int64_t running_op = -1;
+}  // namespace
+
 float* Node::grad_dest(bool* add) {
   if (!grad.defined() || grad.shape() != value.shape()) grad = Tensor::empty(value.shape(), DType::F32);
   *add = has_grad;
   has_grad = true;
+  if (running_op >= 0) last_writer = running_op;
   return grad.data<float>();
 }
 
@@ -55,7 +61,15 @@ void Tape::run() {
   while (!ops_.empty()) {
     std::function<void()> fn = std::move(ops_.back());
     ops_.pop_back();
-    fn();
+    running_op = static_cast<int64_t>(ops_.size());
+    try {
+      fn();
+    } catch (...) {
+      running_op = -1;
+      throw;
+    }
+    running_op = -1;
+    if (after_op) after_op(ops_.size());
   }
 }
 

@@ -452,7 +452,12 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
     json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
     if (rep.skipped) extra["skipped"] = true;
-    if (comm) extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
+    if (comm) {
+      extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
+      extra["buckets"] = rep.buckets;
+      extra["buckets_in_backward"] = rep.buckets_early;
+      if (rep.resummed) extra["resummed"] = true;
+    }
     // (a stop request skips validation: Ctrl-C should save and return at once)
     // (without --eval-every: at the end of each epoch, whatever its length)
     const bool eval_now = (config.eval_every > 0 ? rep.step % config.eval_every == 0 : batch_pos == per_epoch()) ||
