@@ -33,20 +33,11 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_test import Checks  # noqa: E402
+
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
 ENV.pop("QKV_NUM_THREADS", None)
-
-
-class Checks:
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def report(self, ok, what, detail=""):
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        print(("PASS " if ok else "FAIL ") + what + ("  " + str(detail)[:400] if detail else ""), flush=True)
 
 
 def run(cmd, timeout=300):
