@@ -200,21 +200,21 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
   // ids <- each line's tokens + eos (or the tokenizer's own special tokens: Marian's </s>);
   // lines with no tokens stay empty and are not decoded
   std::vector<std::vector<int32_t>> ids(sources.size());
-  std::vector<size_t> todo;
+  std::vector<size_t> rows;  // the lines that have tokens
   for (size_t i = 0; i < sources.size(); ++i) {
     ids[i] = L.tok->encode(sources[i]);
     if (ids[i].empty()) continue;
     ids[i] = source_ids(*L.tok, std::move(ids[i]));
-    todo.push_back(i);
+    rows.push_back(i);
   }
   int64_t cut = 0, cut_at = 0;  // translations stopped by the learned positions, not by eos
-  for (size_t b0 = 0; b0 < todo.size(); b0 += static_cast<size_t>(d.batch)) {
-    const size_t b1 = std::min(todo.size(), b0 + static_cast<size_t>(d.batch));
+  for (size_t b0 = 0; b0 < rows.size(); b0 += static_cast<size_t>(d.batch)) {
+    const size_t b1 = std::min(rows.size(), b0 + static_cast<size_t>(d.batch));
     std::vector<std::vector<int32_t>> src;
     int64_t longest = 0;
     for (size_t k = b0; k < b1; ++k) {
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids[todo[k]].size()));
-      src.push_back(ids[todo[k]]);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids[rows[k]].size()));
+      src.push_back(ids[rows[k]]);
     }
     const int64_t want = d.max_len > 0 ? d.max_len : 2 * longest + 10;
     GenerateConfig g = d.config(want);
@@ -226,14 +226,14 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
       const Generation& r = gen[k - b0];
       if (!r.finished && g.max_new_tokens < want && static_cast<int64_t>(r.tokens.size()) == g.max_new_tokens)
         ++cut, cut_at = g.max_new_tokens;
-      out[todo[k]] = output_text(*L.tok, r.tokens);
+      out[rows[k]] = output_text(*L.tok, r.tokens);
     }
     if (g.capture_attention) {
       *first_map = gen[0];
       *first_src = src[0];
     }
-    if (bar) bar->update(static_cast<double>(b1) / static_cast<double>(todo.size()),
-                         std::to_string(b1) + "/" + std::to_string(todo.size()) + " sentences");
+    if (bar) bar->update(static_cast<double>(b1) / static_cast<double>(rows.size()),
+                         std::to_string(b1) + "/" + std::to_string(rows.size()) + " sentences");
   }
   if (cut > 0)
     std::fprintf(stderr, "qkv: %lld translation%s stopped at %lld tokens, the end of the model's learned positions "
