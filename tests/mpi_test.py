@@ -14,7 +14,10 @@ generated pairs, each run under `mpirun --oversubscribe` so that it runs on any 
   * resume: a checkpoint written by 2 ranks continues with 2 ranks bitwise as if never stopped,
     and with 3 ranks within 1e-6 relative of the 2-rank run (the same global batches split
     another way; dropout 0, since each part has its own dropout masks);
-  * a SentencePiece vocabulary trained by rank 0 reaches the other ranks (losses equal --parts 2);
+  * a SentencePiece vocabulary trained by rank 0 serves every rank (losses equal --parts 2);
+  * only rank 0 reads files: rank 1 started in an empty directory (MPMD `--wdir`) trains and
+    resumes bitwise as above, from what rank 0 sends it, and writes nothing; an error in rank
+    0's setup (a missing --data) is printed once and ends every rank;
   * only rank 0 reports: one summary line, one progress stream;
   * faults: `kill -9` of one rank makes mpirun exit non-zero within 60 s, and the last checkpoint
     still loads and trains on; Ctrl-C (SIGINT) on mpirun stops every rank at the same step, rank 0
@@ -123,6 +126,36 @@ def main():
         files = all(open(os.path.join(again, f), "rb").read() == open(os.path.join(mpi2, f), "rb").read()
                     for f in ("model.safetensors", "checkpoint.safetensors"))
         ck.report(same and files, "2 ranks twice: bitwise-identical losses, model and checkpoint")
+    # Only rank 0 reads files: rank 1 runs in an empty directory (no data, no --out: the relative
+    # paths lead nowhere there) and gets its examples, and on --resume the checkpoint, from rank 0.
+    apart0, apart1 = os.path.join(work, "apart0"), os.path.join(work, "apart1")
+    os.makedirs(apart0)
+    os.makedirs(apart1)
+    shutil.copy(data, os.path.join(apart0, "pairs.tsv"))
+    rel_common = [c if c != data else "pairs.tsv" for c in common]
+
+    def apart(out, *args):
+        cmd = ["mpirun", "--oversubscribe", "-np", "1", "--wdir", apart0, qkv] + list(args) + [":", "-np", "1", "--wdir",
+                                                                                            apart1, qkv] + list(args)
+        return run(cmd)
+
+    rc, so, se = apart("o", *rel_common, "--out", "o", "--steps", "20")
+    ck.report(rc == 0 and losses(os.path.join(apart0, "o")) == losses(mpi2),
+              "rank 1 in a directory without the data: bitwise the 2-rank losses (it reads no file)", se[-800:])
+    rc, so, se = apart("h", *rel_common, "--out", "h", "--steps", "10")
+    if rc == 0:
+        rc, so, se = apart("h", "--threads", "1", "train", "--out", "h", "--resume", "--steps", "20")
+        ck.report(rc == 0 and losses(os.path.join(apart0, "h")) == losses(mpi2),
+                  "... and resumed there from rank 0's checkpoint (sent to rank 1): bitwise the uninterrupted run",
+                  se[-800:])
+    ck.report(os.listdir(apart1) == [], "... rank 1 wrote nothing in its directory", os.listdir(apart1))
+    # an error found by rank 0 (which alone reads the data) is told once, and every rank ends
+    t0 = time.time()
+    rc, so, se = run(mpirun + ["2", qkv] + [c if c != data else data + ".missing" for c in common] +
+                     ["--out", os.path.join(work, "never"), "--steps", "5"], timeout=120)
+    ck.report(rc != 0 and se.count("qkv: error:") == 1 and ".missing" in se and not os.path.exists(os.path.join(work, "never")),
+              "a missing --data under mpirun: one error message, exit %d in %.1f s, nothing written" % (rc, time.time() - t0),
+              se[-600:])
     # resume: 10 steps, then on to 20, with 2 ranks and with 3
     half, rc, _, _ = train("half", 2, steps=10)
     if rc == 0:

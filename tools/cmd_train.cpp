@@ -235,39 +235,6 @@ std::unique_ptr<Tokenizer> train_tokenizer(const RawData& train_raw, const Sente
   }
 }
 
-// A tokenizer from rank 0 to every rank: its saved files, packed as "name\0size\0bytes" records.
-std::unique_ptr<Tokenizer> share_tokenizer(Communicator& comm, std::unique_ptr<Tokenizer> tok) {
-  std::error_code ec;
-  const fs::path tmp = fs::temp_directory_path() /
-                       detail::concat("qkv-tokenizer-", comm.rank(), "-", static_cast<long long>(::getpid()));
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp);
-  std::string blob;
-  if (comm.rank() == 0) {
-    tok->save(tmp.string());
-    for (const auto& e : fs::directory_iterator(tmp)) {
-      const std::string bytes = read_file(e.path().string(), "tokenizer file");
-      blob += e.path().filename().string() + '\0' + std::to_string(bytes.size()) + '\0' + bytes;
-    }
-  }
-  comm.broadcast_string(blob, 0);
-  if (comm.rank() != 0) {
-    size_t at = 0;
-    while (at < blob.size()) {
-      const size_t a = blob.find('\0', at), b = blob.find('\0', a + 1);
-      check(a != std::string::npos && b != std::string::npos, "train: internal: a malformed tokenizer from rank 0");
-      const std::string name = blob.substr(at, a - at);
-      const size_t n = std::stoull(blob.substr(a + 1, b - a - 1));
-      check(b + 1 + n <= blob.size() && name.find('/') == std::string::npos, "train: internal: a malformed tokenizer");
-      write_file_atomic((tmp / name).string(), blob.substr(b + 1, n));
-      at = b + 1 + n;
-    }
-    tok = load_tokenizer(tmp.string());
-  }
-  fs::remove_all(tmp, ec);
-  return tok;
-}
-
 // Rank 0's parameters to every rank, then a checksum of every rank's: they start equal.
 void share_weights(Communicator& comm, Model& model, const char* when) {
   uint64_t h = fnv1a(nullptr, 0);
@@ -279,26 +246,23 @@ void share_weights(Communicator& comm, Model& model, const char* when) {
   check(same_on_every_rank(comm, h), "train: the ranks' weights differ ", when, " (checksums)");
 }
 
-int run(Options o) {
-  // From here on SIGINT / SIGTERM only ask to stop: before training, at the next milestone of the
-  // setup (nothing written); during training, at the next step (a checkpoint is saved). They are
-  // taken by qkv's signal thread, never by a handler on a computing thread (qkv/signals.h).
-  const StopRequest stop;
-  // Started by mpirun with N > 1 ranks: data parallelism. Rank 0 writes and reports; the others
-  // stay silent but for errors.
-  std::unique_ptr<Communicator> comm;
-  if (launched_by_mpi()) {
-    comm = mpi_world();
-    if (comm->size() == 1) {
-      comm.reset();
-    } else {
-      check(o.parts == 1 || o.parts == comm->size(), "--parts ", o.parts, ": under mpirun the parts are the ",
-            comm->size(), " ranks");
-      o.parts = comm->size();
-      if (comm->rank() != 0) silence_output();
-    }
-  }
-  const bool lead = !comm || comm->rank() == 0;
+// What rank 0 (or the one process) prepares before training: the data as token ids, the
+// tokenizer and the model. The other ranks read no file: they get the model's config and weights,
+// then the examples of their parts, from rank 0.
+struct Prepared {
+  Task task = Task::Translate;
+  ModelConfig cfg;
+  std::unique_ptr<Model> model;
+  Encoded train, valid;
+  RawData test_raw;
+  size_t n_test = 0;
+  std::unique_ptr<Tokenizer> tok;
+  std::vector<std::string> labels;
+};
+
+// Reads and checks everything the run needs; 130 when a stop was asked for on the way (nothing
+// written), else 0.
+int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   auto stop_requested = [&] {
     if (!stop.requested()) return false;
     std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
@@ -361,12 +325,9 @@ int run(Options o) {
   valid_raw.part = "validation split";
   test_raw.part = "test split";
 
-  // tokenizer: given, saved by an earlier run, or trained now on the training split (by rank 0,
-  // which hands it to the other ranks)
+  // tokenizer: given, saved by an earlier run, or trained now on the training split
   std::unique_ptr<Tokenizer> tok;
-  if (!lead) {
-    // (rank 0 builds it)
-  } else if (o.resume) {
+  if (o.resume) {
     tok = load_tokenizer(o.out);
   } else if (!o.init.empty() && o.tokenizer.empty()) {
     try {
@@ -398,7 +359,6 @@ int run(Options o) {
                    static_cast<long long>(so.vocab_size), static_cast<long long>(tok->vocab_size()));
   }
 
-  if (comm) tok = share_tokenizer(*comm, std::move(tok));
   if (stop_requested()) return 130;
 
   // labels (classify): the training split's, sorted
@@ -456,7 +416,8 @@ int run(Options o) {
         tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
   check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
         labels.size(), " labels, but the model has ", cfg.num_classes, " classes");
-  Model model(cfg);
+  out.model = std::make_unique<Model>(cfg);
+  Model& model = *out.model;
   model.init(o.seed);
   if (init_model) {
     // the weights of --init; a new classification head keeps its initialisation from --seed
@@ -480,6 +441,83 @@ int run(Options o) {
                                 .c_str()
                           : "");
   }
+  out.task = task;
+  out.cfg = cfg;
+  out.train = std::move(train);
+  out.valid = std::move(valid);
+  out.test_raw = std::move(test_raw);
+  out.n_test = n_test;
+  out.tok = std::move(tok);
+  out.labels = std::move(labels);
+  return 0;
+}
+
+int run(Options o) {
+  // From here on SIGINT / SIGTERM only ask to stop: before training, at the next milestone of the
+  // setup (nothing written); during training, at the next step (a checkpoint is saved). They are
+  // taken by qkv's signal thread, never by a handler on a computing thread (qkv/signals.h).
+  const StopRequest stop;
+  // Started by mpirun with N > 1 ranks: data parallelism. Rank 0 writes and reports; the others
+  // stay silent but for errors.
+  std::unique_ptr<Communicator> comm;
+  if (launched_by_mpi()) {
+    comm = mpi_world();
+    if (comm->size() == 1) {
+      comm.reset();
+    } else {
+      check(o.parts == 1 || o.parts == comm->size(), "--parts ", o.parts, ": under mpirun the parts are the ",
+            comm->size(), " ranks");
+      o.parts = comm->size();
+      if (comm->rank() != 0) silence_output();
+    }
+  }
+  const bool lead = !comm || comm->rank() == 0;
+  const std::string ckpt = o.out + "/checkpoint.safetensors";
+  std::error_code ec;
+  Prepared prep;
+  int early = 0;
+  if (!comm) {
+    early = prepare(o, stop, prep);
+  } else {
+    // Rank 0 reads the data, the tokenizer and any model or checkpoint; the others wait for its
+    // outcome (an error is printed once, by rank 0), then get what they need.
+    try {
+      on_lead(*comm, [&] { early = prepare(o, stop, prep); });
+    } catch (const FailedOnLead&) {
+      return 2;
+    }
+    double e = lead ? early : 0;
+    comm->sum_doubles(&e, 1);
+    early = static_cast<int>(e);
+    if (early == 0) {
+      // the options rank 0 settled (from train.json on --resume, from the preset) and the config
+      std::string setup;
+      if (lead)
+        setup = json{{"task", o.task},         {"preset", o.preset}, {"max_tokens", o.max_tokens},
+                     {"max_len", o.max_len},   {"seed", o.seed},     {"eval_every", o.eval_every},
+                     {"config", prep.cfg.to_json()}}
+                    .dump();
+      comm->broadcast_string(setup, 0);
+      if (!lead) {
+        const json j = json::parse(setup);
+        o.task = j.at("task").get<std::string>();
+        o.preset = j.at("preset").get<std::string>();
+        o.max_tokens = j.at("max_tokens").get<int64_t>();
+        o.max_len = j.at("max_len").get<int64_t>();
+        o.seed = j.at("seed").get<uint64_t>();
+        o.eval_every = j.at("eval_every").get<int64_t>();
+        prep.task = parse_task(o.task);
+        prep.cfg = ModelConfig::from_json(j.at("config").get<std::string>(), "the config from rank 0");
+        prep.model = std::make_unique<Model>(prep.cfg);
+      }
+    }
+  }
+  if (early) return early;
+  const Task task = prep.task;
+  const Preset p = preset_of(o.preset, task);
+  const ModelConfig& cfg = prep.cfg;
+  Model& model = *prep.model;
+  const size_t n_test = prep.n_test;
   if (comm) share_weights(*comm, model, "after initialisation");
   TrainConfig tc;
   tc.token_mean = o.parts > 1;  // N parts (or ranks) give the loss of their whole batch
@@ -497,8 +535,11 @@ int run(Options o) {
   tc.schedule.lr = o.lr > 0 ? o.lr : 1.0;
   Trainer trainer(model, tc);
   if (comm) trainer.set_communicator(comm.get());
-
-  if (stop_requested()) return 130;
+  // (ranks agree on a stop inside run_training: one alone must not leave the others waiting)
+  if (!comm && stop.requested()) {
+    std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
+    return 130;
+  }
 
   // Everything checked: only now is the model directory made and written (by rank 0).
   NewDirGuard guard{o.out, ckpt};
@@ -506,14 +547,14 @@ int run(Options o) {
     guard.armed = !fs::exists(o.out, ec);
     make_dir(o.out);
     if (n_test > 0) {
-      write_task_data(task, test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
+      write_task_data(task, prep.test_raw, o.out + (task == Task::LanguageModel ? "/test.txt" : "/test.tsv"));
     } else {
       std::fprintf(stderr, "qkv train: note: no test split: qkv eval will need --data FILE\n");
     }
-    tok->save(o.out);
+    prep.tok->save(o.out);
     TaskInfo info;
     info.task = task;
-    info.labels = labels;
+    info.labels = prep.labels;
     info.max_len = o.max_len;
     info.save(o.out);
     write_file_atomic(o.out + "/train.json", options_json(o).dump(2) + "\n");
@@ -538,7 +579,7 @@ int run(Options o) {
   lc.parts = o.parts;
   Progress bar;
   bool started = false;
-  const LoopResult r = run_training(trainer, task, train.examples, valid.examples, o.out, lc, o.resume,
+  const LoopResult r = run_training(trainer, task, prep.train.examples, prep.valid.examples, o.out, lc, o.resume,
                                     [&](const LoopProgress& lp) {
                                       if (!started) bar.start_at(lp.start_fraction), started = true;
                                       char valid_text[32] = "-";
@@ -552,7 +593,7 @@ int run(Options o) {
                                     });
   bar.finish();
   const bool ppl = task != Task::Classify;
-  std::string best = valid.examples.empty() ? "no validation split" : "not validated yet";
+  std::string best = prep.valid.examples.empty() ? "no validation split" : "not validated yet";
   if (std::isfinite(r.best_valid_loss)) {
     char b[96];
     std::snprintf(b, sizeof b, "best validation loss %.4f", r.best_valid_loss);

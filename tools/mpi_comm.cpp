@@ -117,9 +117,24 @@ class MpiWorld : public Communicator {
     }
   }
   void barrier() override { ok(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void send(const void* data, int64_t bytes, int dest) override {
+    const auto* p = static_cast<const char*>(data);
+    for (int64_t at = 0; at < bytes; at += kPiece) {
+      const int len = static_cast<int>(std::min<int64_t>(kPiece, bytes - at));
+      ok(MPI_Send(p + at, len, MPI_BYTE, dest, kTag, MPI_COMM_WORLD), "MPI_Send");
+    }
+  }
+  void recv(void* data, int64_t bytes, int source) override {
+    auto* p = static_cast<char*>(data);
+    for (int64_t at = 0; at < bytes; at += kPiece) {
+      const int len = static_cast<int>(std::min<int64_t>(kPiece, bytes - at));
+      ok(MPI_Recv(p + at, len, MPI_BYTE, source, kTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+    }
+  }
 
  private:
   static constexpr int64_t kPiece = int64_t{1} << 28;  // elements per MPI call (counts are int)
+  static constexpr int kTag = 7;
 
   template <class T>
   void sum(T* data, int64_t n) {

@@ -9,8 +9,11 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "qkv/error.h"
 
 namespace qkv {
 
@@ -37,7 +40,27 @@ class Communicator {
   // A byte string of rank `root` to every rank (any length).
   void broadcast_string(std::string& s, int root);
   virtual void barrier() = 0;
+  // Point to point: `bytes` bytes to rank dest, which receives them with recv(..., source) into a
+  // buffer of the same size. Sends to different ranks and collectives do not mix up.
+  virtual void send(const void* data, int64_t bytes, int dest) = 0;
+  virtual void recv(void* data, int64_t bytes, int source) = 0;
+  // A byte string (any length) to one rank, and its receipt.
+  void send_string(const std::string& s, int dest);
+  std::string recv_string(int source);
 };
+
+// Work that rank 0 alone does (reading files, tokenising) while the others wait for its outcome:
+// run `work` on rank 0 and tell every rank whether it failed. Rank 0 rethrows its own error; the
+// other ranks throw FailedOnLead, which carries rank 0's message (printed once, by rank 0).
+struct FailedOnLead : Error {
+  using Error::Error;
+};
+void on_lead(Communicator& comm, const std::function<void()>& work);
+
+struct SafetensorsFile;
+// A .safetensors file's contents (tensors and metadata) from rank `root` to every rank; the
+// others' `f` is replaced.
+void broadcast_safetensors(Communicator& comm, SafetensorsFile& f, int root);
 
 // FNV-1a over bytes, continuing from h: a checksum of parameters, to assert that ranks agree.
 uint64_t fnv1a(const void* data, size_t bytes, uint64_t h = 1469598103934665603ull);

@@ -62,7 +62,9 @@ struct LoopConfig {
   // Each global batch in this many strided parts, accumulated in one step (needs the trainer's
   // token_mean): what `parts` data-parallel ranks compute. With a communicator on the trainer
   // the parts are its ranks, rank r training on part r; rank 0 alone validates, writes the
-  // checkpoint, the metrics and the model, and reports progress.
+  // checkpoint, the metrics and the model, and reports progress. Only rank 0 passes the examples
+  // (the others pass empty vectors, and no file in out_dir is read on them): it sends every rank
+  // the lengths, its share of the validation split, and each epoch the examples of its parts.
   int64_t parts = 1;
 };
 

@@ -84,6 +84,8 @@ class Trainer {
   // replace this trainer's), and returns the data_state string. The model's config must equal
   // the checkpoint's. On any error nothing is changed.
   std::string load_checkpoint(const std::string& path);
+  // The same from a checkpoint's contents already read (`path` names it in messages).
+  std::string load_checkpoint(const SafetensorsFile& f, const std::string& path);
 
  private:
   Model& model_;

@@ -19,6 +19,7 @@
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/npy.h"
+#include "qkv/safetensors.h"
 #include "qkv/viz.h"
 
 namespace qkv {
@@ -253,12 +254,63 @@ void write_curve(const std::string& dir, const std::vector<Metric>& ms, Task tas
   viz::write_svg(dir + "/loss.svg", viz::line_chart_svg({tr, va}, title, "step", "cross-entropy (nats)", true));
 }
 
+// Examples as bytes, for rank 0 to send them to another rank: per example its source and target
+// lengths (int32), its label (int64), then the ids.
+std::string pack_examples(const std::vector<Example>& all, const std::vector<int64_t>& idx) {
+  std::string out;
+  auto put = [&](const void* p, size_t n) { out.append(static_cast<const char*>(p), n); };
+  for (int64_t i : idx) {
+    const Example& e = all[static_cast<size_t>(i)];
+    const auto ns = static_cast<int32_t>(e.src.size()), nt = static_cast<int32_t>(e.tgt.size());
+    put(&ns, 4);
+    put(&nt, 4);
+    put(&e.label, 8);
+    put(e.src.data(), e.src.size() * 4);
+    put(e.tgt.data(), e.tgt.size() * 4);
+  }
+  return out;
+}
+
+std::vector<Example> unpack_examples(const std::string& bytes, size_t count) {
+  std::vector<Example> out(count);
+  size_t at = 0;
+  auto get = [&](void* p, size_t n) {
+    check(n <= bytes.size() - at, "train: internal: rank 0 sent fewer example bytes than expected");
+    std::memcpy(p, bytes.data() + at, n);
+    at += n;
+  };
+  for (Example& e : out) {
+    int32_t ns = 0, nt = 0;
+    get(&ns, 4);
+    get(&nt, 4);
+    get(&e.label, 8);
+    check(ns >= 0 && nt >= 0, "train: internal: a malformed example from rank 0");
+    e.src.resize(static_cast<size_t>(ns));
+    e.tgt.resize(static_cast<size_t>(nt));
+    get(e.src.data(), e.src.size() * 4);
+    get(e.tgt.data(), e.tgt.size() * 4);
+  }
+  check(at == bytes.size(), "train: internal: rank 0 sent more example bytes than expected");
+  return out;
+}
+
+// Rank r's strided part of a global batch: its elements r, r + parts, r + 2 parts, ...
+std::vector<int64_t> part_of(const std::vector<int64_t>& global, int64_t r, int64_t parts) {
+  std::vector<int64_t> idx;
+  for (size_t i = static_cast<size_t>(r); i < global.size(); i += static_cast<size_t>(parts)) idx.push_back(global[i]);
+  return idx;
+}
+
 }  // namespace
 
 LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
                         const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
                         bool resume, const std::function<void(const LoopProgress&)>& on_progress) {
-  check(!train.empty(), "train: the training set is empty");
+  Communicator* comm = trainer.communicator();
+  const bool lead = !comm || comm->rank() == 0;  // validates, writes and reports
+  // With ranks, rank 0 alone holds the data (it read and tokenised it): the others get every
+  // example's length (for the batch plan) now, and the examples of their parts epoch by epoch.
+  check(!lead || !train.empty(), "train: the training set is empty");
   check(config.max_steps > 0 || config.max_epochs > 0 || config.max_minutes > 0 || config.stop,
         "train: give a limit: steps, epochs or minutes");
   check(config.max_tokens >= 1, "train: max_tokens must be >= 1");
@@ -273,8 +325,18 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   double best = std::numeric_limits<double>::infinity(), last_valid = nan;
   std::vector<Metric> metrics;
   if (resume) {
-    const std::string state = trainer.load_checkpoint(ckpt);
-    if (Communicator* comm = trainer.communicator()) {
+    std::string state;
+    if (!comm) {
+      state = trainer.load_checkpoint(ckpt);
+    } else {
+      // rank 0 reads the checkpoint and hands its contents to the others (which need no file)
+      SafetensorsFile f;
+      on_lead(*comm, [&] {
+        f = read_safetensors(ckpt);
+        state = trainer.load_checkpoint(f, ckpt);
+      });
+      broadcast_safetensors(*comm, f, 0);
+      if (!lead) state = trainer.load_checkpoint(f, ckpt + " (from rank 0)");
       uint64_t h = fnv1a(nullptr, 0);
       for (const Parameter& p : trainer.model().parameters())
         h = fnv1a(p.var->value.data<float>(), static_cast<size_t>(p.var->value.numel()) * sizeof(float), h);
@@ -304,13 +366,22 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     loss_field("best", best);
     loss_field("last_valid", last_valid);
     // metrics up to the checkpoint's step (later lines belong to steps that will be redone)
-    for (const Metric& m : read_metrics(metrics_path))
-      if (m.step <= trainer.steps_done()) metrics.push_back(m);
+    if (lead)
+      for (const Metric& m : read_metrics(metrics_path))
+        if (m.step <= trainer.steps_done()) metrics.push_back(m);
   }
   std::string metrics_text;
   for (const Metric& m : metrics) metrics_text += m.line + "\n";
 
-  const std::vector<int64_t> lengths = lengths_of(task, train);
+  std::vector<int64_t> lengths = lead ? lengths_of(task, train) : std::vector<int64_t>{};
+  int64_t n_valid = static_cast<int64_t>(valid.size());
+  if (comm) {
+    int64_t n[2] = {static_cast<int64_t>(lengths.size()), n_valid};
+    comm->broadcast(n, sizeof n, 0);
+    lengths.resize(static_cast<size_t>(n[0]));
+    n_valid = n[1];
+    comm->broadcast(lengths.data(), n[0] * static_cast<int64_t>(sizeof(int64_t)), 0);
+  }
   auto plan_for = [&](int64_t e) { return batch_by_length(lengths, config.max_tokens, config.seed + 7919 * static_cast<uint64_t>(e), true); };
   // Every epoch has its own plan, and plans under a token budget differ in length from epoch to
   // epoch: the batch count is always the current plan's.
@@ -354,13 +425,11 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   // Data parallelism: each global batch (the plan's, as in one process) is split into `parts`
   // strided parts; rank r trains on part r. Every rank runs this same loop, so every decision
   // that is not a function of the data (a time limit, a signal) is agreed once per step.
-  Communicator* comm = trainer.communicator();
   const int64_t parts = comm ? comm->size() : std::max<int64_t>(1, config.parts);
   check(!comm || config.parts <= 1 || config.parts == comm->size(), "train: ", config.parts, " parts on ",
         comm ? comm->size() : 1, " ranks: with a communicator the parts are the ranks");
   check(parts == 1 || comm || trainer.config().token_mean,
         "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
-  const bool lead = !comm || comm->rank() == 0;  // validates, writes and reports
   bool limit = false, stop_now = false;
   auto decide = [&] {
     limit = limit_reached();
@@ -373,12 +442,23 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     }
   };
   decide();
-  // Validation: with N ranks each scores every N-th example and the sums are added (in rank order).
+  // Validation: with N ranks each scores every N-th example (rank 0 sends the others theirs, once)
+  // and the sums are added (in rank order).
+  std::vector<Example> valid_share;
+  if (comm && n_valid > 0) {
+    std::vector<int64_t> all(static_cast<size_t>(n_valid));
+    for (int64_t i = 0; i < n_valid; ++i) all[static_cast<size_t>(i)] = i;
+    const int64_t N = comm->size();
+    if (lead) {
+      for (int r = 1; r < N; ++r) comm->send_string(pack_examples(valid, part_of(all, r, N)), r);
+      for (int64_t i : part_of(all, 0, N)) valid_share.push_back(valid[static_cast<size_t>(i)]);
+    } else {
+      valid_share = unpack_examples(comm->recv_string(0), part_of(all, comm->rank(), N).size());
+    }
+  }
   auto validate = [&]() -> EvalResult {
     if (!comm) return evaluate(model, task, valid, config.max_tokens);
-    std::vector<Example> share;
-    for (size_t i = static_cast<size_t>(comm->rank()); i < valid.size(); i += static_cast<size_t>(comm->size()))
-      share.push_back(valid[i]);
+    const std::vector<Example>& share = valid_share;
     const EvalResult e = share.empty() ? EvalResult{} : evaluate(model, task, share, config.max_tokens);
     const auto n = static_cast<double>(e.count);
     double sums[3] = {e.loss * n, n, e.accuracy * n};
@@ -388,6 +468,42 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     all.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
     all.accuracy = sums[1] > 0 ? sums[2] / sums[1] : 0.0;
     return all;
+  };
+
+  // The examples this rank trains on: rank 0 (or one process) has them all in `train`; another
+  // rank holds those its parts of the current epoch's remaining batches need (`held`, by sorted
+  // global index), which rank 0 sends it when the epoch begins.
+  std::vector<int64_t> held_index;
+  std::vector<Example> held;
+  int64_t held_epoch = -1;
+  auto needed_by = [&](int64_t r) {
+    std::vector<int64_t> need;
+    for (size_t b = static_cast<size_t>(batch_pos); b < plan.batches.size(); ++b)
+      for (int64_t i : part_of(plan.batches[b], r, parts)) need.push_back(i);
+    std::sort(need.begin(), need.end());
+    return need;
+  };
+  auto hand_out_epoch = [&] {
+    if (lead) {
+      for (int r = 1; r < comm->size(); ++r) comm->send_string(pack_examples(train, needed_by(r)), r);
+    } else {
+      held.clear();
+      held_index = needed_by(comm->rank());
+      held = unpack_examples(comm->recv_string(0), held_index.size());
+    }
+    held_epoch = epoch;
+  };
+  // A part's batch from the examples this rank holds.
+  auto batch_of = [&](const std::vector<int64_t>& idx) {
+    if (lead) return make_batch(cfg, task, train, idx);
+    std::vector<int64_t> local;
+    for (int64_t i : idx) {
+      const auto at = std::lower_bound(held_index.begin(), held_index.end(), i);
+      check(at != held_index.end() && *at == i, "train: internal: example ", i, " was not sent to rank ",
+            comm->rank());
+      local.push_back(at - held_index.begin());
+    }
+    return make_batch(cfg, task, held, local);
   };
 
   while (true) {
@@ -406,6 +522,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       if (comm) decide();
       continue;  // the epoch limit is checked first
     }
+    if (comm && held_epoch != epoch) hand_out_epoch();
     const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(batch_pos)];
     std::vector<Batch> micro;
     if (parts == 1) {
@@ -413,10 +530,8 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     } else {
       for (int64_t part = 0; part < parts; ++part) {
         if (comm && part != comm->rank()) continue;
-        std::vector<int64_t> idx;
-        for (size_t i = static_cast<size_t>(part); i < global.size(); i += static_cast<size_t>(parts))
-          idx.push_back(global[i]);
-        if (!idx.empty()) micro.push_back(make_batch(cfg, task, train, idx));
+        const std::vector<int64_t> idx = part_of(global, part, parts);
+        if (!idx.empty()) micro.push_back(batch_of(idx));
       }
     }
     const auto step_t0 = std::chrono::steady_clock::now();
@@ -464,7 +579,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
                           limit;
     if (eval_now) last_eval_step = rep.step;
     std::optional<EvalResult> evaluated;
-    if (eval_now && !valid.empty()) evaluated = validate();  // (every rank: its share)
+    if (eval_now && n_valid > 0) evaluated = validate();  // (every rank: its share)
     if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
     if (evaluated) {
       const EvalResult ev = *evaluated;
@@ -478,7 +593,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
         model.save(out_dir);  // the best weights are the model directory's
       }
     }
-    if (eval_now && valid.empty()) model.save(out_dir);
+    if (eval_now && n_valid == 0) model.save(out_dir);
     metrics.push_back(m);
     metrics_text += metric_line(m, extra) + "\n";
     if (eval_now) {
@@ -494,7 +609,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   res.seconds = elapsed();
   // A run that ended between evaluations is validated once more (its weights may be the best).
   std::optional<EvalResult> final_eval;
-  if (!res.interrupted && last_eval_step != trainer.steps_done() && !valid.empty() &&
+  if (!res.interrupted && last_eval_step != trainer.steps_done() && n_valid > 0 &&
       trainer.steps_done() > start_step)
     final_eval = validate();
   if (!lead) return res;

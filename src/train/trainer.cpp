@@ -354,8 +354,9 @@ ModelConfig checkpoint_model_config(const std::string& path) {
   return ModelConfig::from_json(it->second, path + " (config)");
 }
 
-std::string Trainer::load_checkpoint(const std::string& path) {
-  SafetensorsFile f = read_safetensors(path);
+std::string Trainer::load_checkpoint(const std::string& path) { return load_checkpoint(read_safetensors(path), path); }
+
+std::string Trainer::load_checkpoint(const SafetensorsFile& f, const std::string& path) {
   check(f.metadata.count("qkv_checkpoint") && f.metadata.at("qkv_checkpoint") == "1", path,
         ": not a qkv checkpoint (format 1)");
   const ModelConfig saved = ModelConfig::from_json(f.metadata.count("config") ? f.metadata.at("config") : "",
