@@ -17,7 +17,7 @@ generated pairs, each run under `mpirun --oversubscribe` so that it runs on any 
   * a SentencePiece vocabulary trained by rank 0 serves every rank (losses equal --parts 2);
   * only rank 0 reads files: rank 1 started in an empty directory (MPMD `--wdir`) trains and
     resumes bitwise as above, from what rank 0 sends it, and writes nothing; an error in rank
-    0's setup (a missing --data) is printed once and ends every rank;
+    0's setup (a missing --data) or in the checkpoint it reads is printed once and ends every rank;
   * only rank 0 reports: one summary line, one progress stream;
   * faults: `kill -9` of one rank makes mpirun exit non-zero within 60 s, and the last checkpoint
     still loads and trains on; Ctrl-C (SIGINT) on mpirun stops every rank at the same step, rank 0
@@ -156,6 +156,14 @@ def main():
     ck.report(rc != 0 and se.count("qkv: error:") == 1 and ".missing" in se and not os.path.exists(os.path.join(work, "never")),
               "a missing --data under mpirun: one error message, exit %d in %.1f s, nothing written" % (rc, time.time() - t0),
               se[-600:])
+    # ... and so is a damaged checkpoint, which rank 0 alone reads on --resume
+    bad = os.path.join(work, "damaged")
+    shutil.copytree(mpi2, bad)
+    with open(os.path.join(bad, "checkpoint.safetensors"), "r+b") as f:
+        f.truncate(1000)
+    rc, so, se = run(mpirun + ["2", qkv, "--threads", "1", "train", "--out", bad, "--resume", "--steps", "30"], timeout=120)
+    ck.report(rc != 0 and se.count("qkv: error:") == 1 and "checkpoint.safetensors" in se,
+              "a truncated checkpoint under mpirun --resume: one error naming it, exit %d" % rc, se[-600:])
     # resume: 10 steps, then on to 20, with 2 ranks and with 3
     half, rc, _, _ = train("half", 2, steps=10)
     if rc == 0:

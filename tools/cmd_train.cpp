@@ -481,11 +481,7 @@ int run(Options o) {
   } else {
     // Rank 0 reads the data, the tokenizer and any model or checkpoint; the others wait for its
     // outcome (an error is printed once, by rank 0), then get what they need.
-    try {
-      on_lead(*comm, [&] { early = prepare(o, stop, prep); });
-    } catch (const FailedOnLead&) {
-      return 2;
-    }
+    on_lead(*comm, [&] { early = prepare(o, stop, prep); });
     double e = lead ? early : 0;
     comm->sum_doubles(&e, 1);
     early = static_cast<int>(e);

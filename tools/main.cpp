@@ -129,6 +129,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < all.size(); ++i)
       if (all[i] == chosen) return runners[i]();
     return 2;
+  } catch (const qkv::FailedOnLead&) {
+    return 2;  // (data parallelism: rank 0 failed and printed why; another rank says nothing more)
   } catch (const qkv::Error& e) {
     qkv::cli::restore_error_output();
     const std::string what = e.what();
