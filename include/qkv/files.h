@@ -10,11 +10,16 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace qkv {
 
 // Writes `bytes` to `path` (see above). Errors name the path.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// The same for the concatenation of `pieces` (a large file written without first copying it
+// into one string).
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // The whole file. Errors name the path and `what` it should be ("tokenizer.json", ".npy file"):
 // cannot open, not a regular file (saying what it is), or a failed read.

@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string_view>
+#include <vector>
 
 #include "qkv/error.h"
 
@@ -64,23 +66,31 @@ std::string resolve_links(const std::string& path) {
   fail(path, ": cannot write: more than 40 levels of symbolic links");
 }
 
-void write_all(int fd, const std::string& bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) {
-      const int err = errno;
-      ::close(fd);
-      fail(path, ": cannot write: ", errno_text(err));
+// Every piece, in order; 0, or the errno of the write that failed.
+int write_pieces(int fd, const std::vector<std::string_view>& pieces) {
+  for (const std::string_view bytes : pieces) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
+      if (put < 0 && errno == EINTR) continue;
+      if (put < 0) return errno;
+      done += static_cast<size_t>(put);
     }
-    done += static_cast<size_t>(put);
+  }
+  return 0;
+}
+
+void write_all(int fd, const std::vector<std::string_view>& pieces, const std::string& path) {
+  if (const int err = write_pieces(fd, pieces); err != 0) {
+    ::close(fd);
+    fail(path, ": cannot write: ", errno_text(err));
   }
 }
 
 // A device or a FIFO: written through in place, never replaced. A FIFO without a reader is an
 // error at once (opening it non-blocking fails), not a wait.
-void write_through(const std::string& target, const std::string& shown, const std::string& bytes, mode_t mode) {
+void write_through(const std::string& target, const std::string& shown, const std::vector<std::string_view>& bytes,
+                   mode_t mode) {
   const bool fifo = S_ISFIFO(mode);
   const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | (fifo ? O_NONBLOCK : 0));
   if (fd < 0) {
@@ -149,6 +159,10 @@ std::string read_file(const std::string& path, const std::string& what) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
+  write_file_atomic(path, std::vector<std::string_view>{bytes});
+}
+
+void write_file_atomic(const std::string& path, const std::vector<std::string_view>& bytes) {
   const std::string target = resolve_links(path);
   struct stat st {};
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
@@ -176,13 +190,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     ::unlink(tmp.c_str());
     throw Error(detail::concat(path, ": cannot write: ", step, " failed: ", errno_text(err)));
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t put = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) abandon("write", errno);
-    done += static_cast<size_t>(put);
-  }
+  if (const int err = write_pieces(fd, bytes); err != 0) abandon("write", err);
   if (::fsync(fd) != 0) abandon("fsync", errno);
   if (::close(fd) != 0) {
     const int err = errno;

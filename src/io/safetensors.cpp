@@ -360,8 +360,11 @@ std::string quoted(const std::string& s, const std::string& context, const char*
   }
 }
 
-std::string safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata, const std::string& context) {
+// A .safetensors file as pieces: its first 8 + header bytes (returned), then each tensor's bytes
+// (contiguous copies, where a tensor is not, kept in *keep; `data` views them).
+std::string safetensors_head(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                             const std::map<std::string, std::string>& metadata, const std::string& context,
+                             std::vector<Tensor>* keep, std::vector<std::string_view>* data) {
   // Header: {"__metadata__":{...},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},...}
   std::string header = "{";
   if (!metadata.empty()) {
@@ -395,13 +398,27 @@ std::string safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>&
   header.append((kAlign - header.size() % kAlign) % kAlign, ' ');  // 8 + N is a multiple of 8
 
   std::string out;
-  out.reserve(8 + header.size() + at);
   for (size_t i = 0; i < 8; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
   out += header;
+  keep->clear();
+  data->clear();
+  keep->reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
-    const Tensor c = t.contiguous();
-    if (c.nbytes() > 0) out.append(static_cast<const char*>(c.raw_data()), c.nbytes());
+    keep->push_back(t.contiguous());
+    if (keep->back().nbytes() > 0) data->emplace_back(static_cast<const char*>(keep->back().raw_data()), keep->back().nbytes());
   }
+  return out;
+}
+
+std::string safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata, const std::string& context) {
+  std::vector<Tensor> keep;
+  std::vector<std::string_view> data;
+  std::string out = safetensors_head(tensors, metadata, context, &keep, &data);
+  size_t total = out.size();
+  for (std::string_view d : data) total += d.size();
+  out.reserve(total);
+  for (std::string_view d : data) out.append(d);
   return out;
 }
 
@@ -532,7 +549,13 @@ std::string to_safetensors_bytes(const std::vector<std::pair<std::string, Tensor
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  write_file_atomic(path, safetensors_bytes(tensors, metadata, path));
+  // streamed from the tensors: no copy of the whole file (a 1.5 GB checkpoint is 1.5 GB of fresh
+  // memory and a page fault per 4 KiB of it)
+  std::vector<Tensor> keep;
+  std::vector<std::string_view> pieces;
+  const std::string head = safetensors_head(tensors, metadata, path, &keep, &pieces);
+  pieces.insert(pieces.begin(), std::string_view(head));
+  write_file_atomic(path, pieces);
 }
 
 }  // namespace qkv

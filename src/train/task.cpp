@@ -476,19 +476,23 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   std::vector<int64_t> held_index;
   std::vector<Example> held;
   int64_t held_epoch = -1;
-  auto needed_by = [&](int64_t r) {
-    std::vector<int64_t> need;
-    for (size_t b = static_cast<size_t>(batch_pos); b < plan.batches.size(); ++b)
-      for (int64_t i : part_of(plan.batches[b], r, parts)) need.push_back(i);
-    std::sort(need.begin(), need.end());
+  // need[r]: the examples of rank r's parts of this epoch's batches from batch_pos on, sorted
+  auto needed = [&] {
+    std::vector<std::vector<int64_t>> need(static_cast<size_t>(parts));
+    for (size_t b = static_cast<size_t>(batch_pos); b < plan.batches.size(); ++b) {
+      const std::vector<int64_t>& global = plan.batches[b];
+      for (size_t i = 0; i < global.size(); ++i) need[i % static_cast<size_t>(parts)].push_back(global[i]);
+    }
+    for (auto& n : need) std::sort(n.begin(), n.end());
     return need;
   };
   auto hand_out_epoch = [&] {
+    std::vector<std::vector<int64_t>> need = needed();
     if (lead) {
-      for (int r = 1; r < comm->size(); ++r) comm->send_string(pack_examples(train, needed_by(r)), r);
+      for (int r = 1; r < comm->size(); ++r) comm->send_string(pack_examples(train, need[static_cast<size_t>(r)]), r);
     } else {
       held.clear();
-      held_index = needed_by(comm->rank());
+      held_index = std::move(need[static_cast<size_t>(comm->rank())]);
       held = unpack_examples(comm->recv_string(0), held_index.size());
     }
     held_epoch = epoch;
@@ -540,6 +544,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     res.step_seconds += step_s;
     res.comm_seconds += rep.comm_seconds;
     ++batch_pos;
+    const int64_t tokens_before = tokens;
     if (parts > 1) {
       // the global batch's: counted over every rank (classify: its input tokens)
       if (task == Task::Classify) {
@@ -565,7 +570,12 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     p.valid_loss = last_valid;  // the latest known (from the checkpoint on resume), NaN when none
     p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
     Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
-    json extra = {{"epoch", epoch}, {"lr", rep.lr}, {"grad_norm", rep.grad_norm}, {"tokens_per_s", p.tokens_per_s}};
+    json extra = {{"epoch", epoch},
+                  {"lr", rep.lr},
+                  {"grad_norm", rep.grad_norm},
+                  {"tokens_per_s", p.tokens_per_s},
+                  {"tokens", tokens - tokens_before},
+                  {"step_seconds", step_s}};
     if (rep.skipped) extra["skipped"] = true;
     if (comm) {
       extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
