@@ -104,6 +104,14 @@ def main():
         ck.report(e <= 1e-6, "2 ranks = one process with --parts 2: 20 losses within 1e-6 relative (max %.2g)" % e)
         ck.report(so.count("qkv train: trained") == 1 and se.count("qkv train: encoder-decoder model") == 1,
                   "only rank 0 reports (one summary, one setup line)", so + se[-600:])
+        # each step's tokens are the global batch's (every rank's part), as one process counts them
+        def per_step(d):
+            with open(os.path.join(d, "metrics.jsonl")) as f:
+                return [(m["tokens"], m["step_seconds"]) for m in map(json.loads, f) if "tokens" in m]
+        a_, b_ = per_step(mpi2), per_step(one2)
+        ck.report(len(a_) == 20 and [t for t, _ in a_] == [t for t, _ in b_] and all(t > 0 and s > 0 for t, s in a_),
+                  "metrics.jsonl: each step's tokens are the global batch's (= --parts 2's), step_seconds > 0",
+                  (a_[:3], b_[:3]))
     # small buckets: summed while the backward pass runs, the same bits
     small, rc, _, _ = train("ranks2-buckets", 2, "--bucket-mb", "0.05")
     if rc == 0:

@@ -7,8 +7,6 @@
 // model.safetensors (the best validation loss), qkv_tokenizer.json (+ its files), task.json,
 // train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
 // and the held-out test split (test.tsv or test.txt) for `qkv eval`.
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -262,12 +260,15 @@ struct Prepared {
 
 // Reads and checks everything the run needs; 130 when a stop was asked for on the way (nothing
 // written), else 0.
+// True (and says so) when a stop was asked for before training began.
+bool stopped_before_training(const StopRequest& stop) {
+  if (!stop.requested()) return false;
+  std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
+  return true;
+}
+
 int prepare(Options& o, const StopRequest& stop, Prepared& out) {
-  auto stop_requested = [&] {
-    if (!stop.requested()) return false;
-    std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
-    return true;
-  };
+  auto stop_requested = [&] { return stopped_before_training(stop); };
   const std::string ckpt = o.out + "/checkpoint.safetensors";
   check(o.data.empty() || (o.source.empty() && o.target.empty()),
         "give either --data FILE or --source and --target files, not both");
@@ -532,10 +533,7 @@ int run(Options o) {
   Trainer trainer(model, tc);
   if (comm) trainer.set_communicator(comm.get());
   // (ranks agree on a stop inside run_training: one alone must not leave the others waiting)
-  if (!comm && stop.requested()) {
-    std::fprintf(stderr, "qkv train: interrupted before training began; nothing was written\n");
-    return 130;
-  }
+  if (!comm && stopped_before_training(stop)) return 130;
 
   // Everything checked: only now is the model directory made and written (by rank 0).
   NewDirGuard guard{o.out, ckpt};

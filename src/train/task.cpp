@@ -446,14 +446,17 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   // and the sums are added (in rank order).
   std::vector<Example> valid_share;
   if (comm && n_valid > 0) {
-    std::vector<int64_t> all(static_cast<size_t>(n_valid));
-    for (int64_t i = 0; i < n_valid; ++i) all[static_cast<size_t>(i)] = i;
     const int64_t N = comm->size();
+    auto share_of = [&](int64_t r) {
+      std::vector<int64_t> idx;
+      for (int64_t i = r; i < n_valid; i += N) idx.push_back(i);
+      return idx;
+    };
     if (lead) {
-      for (int r = 1; r < N; ++r) comm->send_string(pack_examples(valid, part_of(all, r, N)), r);
-      for (int64_t i : part_of(all, 0, N)) valid_share.push_back(valid[static_cast<size_t>(i)]);
+      for (int r = 1; r < N; ++r) comm->send_string(pack_examples(valid, share_of(r)), r);
+      for (int64_t i : share_of(0)) valid_share.push_back(valid[static_cast<size_t>(i)]);
     } else {
-      valid_share = unpack_examples(comm->recv_string(0), part_of(all, comm->rank(), N).size());
+      valid_share = unpack_examples(comm->recv_string(0), share_of(comm->rank()).size());
     }
   }
   auto validate = [&]() -> EvalResult {
