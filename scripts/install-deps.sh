@@ -16,7 +16,7 @@ PACKAGES=(
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
-  libcpp-httplib-dev          # qkv serve: the HTTP server
+  libboost-dev                # qkv serve: Boost.Beast (HTTP/1.1) on Boost.Asio, header-only
   libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
   chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
   clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)

@@ -1,11 +1,13 @@
 // qkv serve: a model behind an HTTP API that OpenAI's clients speak.
 //
-// cpp-httplib (Debian's libcpp-httplib-dev) takes the connections on its thread pool; handlers
-// only parse, validate and queue (docs/design.md, "Serving"). One Scheduler thread owns the model:
-// completions decode with continuous batching, everything else runs on it as a job between
-// steps. Every limit is explicit: body size (413), queue length (429), max_tokens, context length.
+// The transport (src/serve/http_server.h: Boost.Beast on one I/O thread) takes the connections;
+// handlers only parse, validate and queue (docs/design.md, "Serving"). One Scheduler thread owns
+// the model: completions decode with continuous batching, everything else runs on it as a job
+// between steps. Every limit is explicit: header bytes (431), body size (413), deadlines for a
+// request's headers and body, connections in all and per client (503), queue length (429),
+// max_tokens, context length. /health is answered on the I/O thread, so it answers under load.
 // Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
-#include <httplib.h>
+#include <arpa/inet.h>
 #include <spawn.h>
 #include <unistd.h>
 
@@ -37,6 +39,7 @@
 #include "qkv/scheduler.h"
 #include "qkv/signals.h"
 #include "qkv/tokenizer.h"
+#include "serve/http_server.h"
 #include "task_util.h"
 #include "tour.h"
 
@@ -49,10 +52,13 @@ namespace {
 
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
+namespace http = qkv::http;
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key;
+  std::vector<std::string> allow_hosts;
   int port = 8080;
+  int64_t max_connections = 1024, max_client_connections = 256;
   int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024, max_attention = 4 << 20;
 };
 
@@ -68,14 +74,24 @@ struct HttpError {
   throw HttpError{400, message, "invalid_request_error", param};
 }
 
-void reply_error(httplib::Response& res, const HttpError& e) {
+// Never throws: text from the request (a path, a field name) may hold any bytes, and invalid
+// UTF-8 is replaced by U+FFFD rather than failing the reply.
+void reply_error(http::Response& res, const HttpError& e) {
   res.status = e.status;
+  res.stream = nullptr;
   const Json j = {{"error",
                    {{"message", e.message},
                     {"type", e.type},
                     {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
                     {"code", nullptr}}}};
-  res.set_content(j.dump(), "application/json");
+  res.content_type = "application/json";
+  res.body = j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// What the transport answers by itself, in OpenAI's words.
+void transport_error(http::Response& res, int status, const std::string& message) {
+  const char* type = status == 404 ? "not_found" : status >= 500 ? "server_error" : "invalid_request_error";
+  reply_error(res, {status, message, type, ""});
 }
 
 // The double whose shortest decimal form is the float's own (0.1f -> 0.1, not 0.10000000149011612):
@@ -88,11 +104,22 @@ double short_float(float x) {
 
 std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
 
+// A JSON body must be UTF-8 (RFC 8259): say so, and where, before the parser does.
+void check_utf8_body(const std::string& body) {
+  if (const std::string why = utf8_problem(body); !why.empty()) bad("", "the body is not valid UTF-8: " + why);
+}
+
+// An address as the host part of a URL: IPv6 in brackets.
+std::string url_host(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
+
 // A request's JSON object, read field by field; a field nobody read is an error (a typo, or an
 // option qkv does not have), as is a wrong type or a value out of range. Each names the field.
 class Fields {
  public:
   explicit Fields(const std::string& body) {
+    check_utf8_body(body);
     try {
       j_ = Json::parse(body);
     } catch (const Json::exception& e) {
@@ -216,7 +243,7 @@ struct ChoiceText {
 
 class Server {
  public:
-  explicit Server(const ServeOptions& o) : o_(o) {
+  explicit Server(const ServeOptions& o) : o_(o), http_(limits(o), transport_error) {
     check(fs::is_directory(o.model), "--model ", o.model, ": not a directory");
     info_ = model_task_info(o.model);
     model_ = std::make_unique<Model>(load_model(o.model));
@@ -237,37 +264,31 @@ class Server {
   // Binds and serves until stop(); port 0 takes a free port. Prints where it listens, then calls
   // on_listen with the address.
   int run(StopRequest& stop, const std::function<void(const std::string&)>& on_listen = {}) {
-    int port = o_.port;
-    if (port == 0) {
-      port = http_.bind_to_any_port(o_.host);
-      check(port > 0, "serve: cannot bind to a port on ", o_.host);
-    } else {
-      check(http_.bind_to_port(o_.host, port), "serve: cannot bind to ", o_.host, ":", port,
-            " (in use, or not an address of this machine)");
-    }
+    const int port = http_.bind(o_.host, o_.port);
+    port_ = port;
     std::fprintf(stderr, "qkv serve: %s (%s, %s) on http://%s:%d/  (%lld slots, queue %lld)\n", o_.model.c_str(),
                  task_name(info_.task), arch_name(model_->config().arch), o_.host.c_str(), port,
                  static_cast<long long>(o_.slots), static_cast<long long>(o_.max_queue));
-    const std::string url = detail::concat("http://", o_.host, ":", port, "/");
+    const std::string url = detail::concat("http://", url_host(o_.host), ":", port, "/");
     std::printf("%s\n", url.c_str());
     std::fflush(stdout);
     if (on_listen) on_listen(url);
-    // SIGTERM / SIGINT: refuse new requests (503), let the ones in flight finish, then stop
+    // SIGTERM / SIGINT: stop taking connections (idle and half-sent ones are closed), let the
+    // requests in flight finish, then stop
     std::thread watcher([&] {
       while (!stop.requested() && !stopped_) std::this_thread::sleep_for(std::chrono::milliseconds(50));
       if (stopped_) return;
       std::fprintf(stderr, "qkv serve: stopping: finishing %lld requests in flight\n",
                    static_cast<long long>(sched_->waiting() + sched_->decoding()));
       draining_ = true;
+      http_.stop_accepting();
       sched_->drain();
-      while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      while (http_.handlers_running() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
       http_.stop();
     });
-    const bool ok = http_.listen_after_bind();
-    const bool drained = draining_;
+    http_.run();
     stopped_ = true;
     watcher.join();
-    check(ok || drained, "serve: the server stopped unexpectedly");
     std::fprintf(stderr, "qkv serve: stopped\n");
     return 0;
   }
@@ -275,9 +296,8 @@ class Server {
  private:
   // Every handler: counted in flight, errors turned into OpenAI's JSON, never an exception out.
   template <class F>
-  httplib::Server::Handler handler(F f) {
-    return [this, f](const httplib::Request& req, httplib::Response& res) {
-      ++in_flight_;
+  http::Handler handler(F f) {
+    return [this, f](const http::Request& req, http::Response& res) {
       try {
         if (draining_) throw HttpError{503, "the server is shutting down", "server_error", ""};
         f(req, res);
@@ -290,8 +310,46 @@ class Server {
       } catch (const std::exception& e) {
         reply_error(res, {500, e.what(), "server_error", ""});
       }
-      --in_flight_;
     };
+  }
+
+  static http::Limits limits(const ServeOptions& o) {
+    http::Limits l;
+    l.max_body_bytes = o.max_body;
+    l.max_connections = o.max_connections;
+    l.max_connections_per_client = o.max_client_connections;
+    return l;
+  }
+
+  // The Host header a request may carry (DNS rebinding: a page on evil.example whose name was
+  // pointed at 127.0.0.1 sends Host: evil.example). Allowed: localhost, the bound address,
+  // loopback addresses when bound to loopback, any address literal when bound to all
+  // interfaces, and the names given by --allow-host. No Host at all (HTTP/1.0) is allowed:
+  // browsers always send one.
+  bool host_allowed(const std::string* header) const {
+    if (!header) return true;
+    std::string h = *header;
+    // strip the port: "name:8080", "[::1]:8080"
+    if (!h.empty() && h[0] == '[') {
+      const size_t close = h.find(']');
+      if (close == std::string::npos) return false;
+      h = h.substr(1, close - 1);
+    } else if (const size_t colon = h.rfind(':'); colon != std::string::npos && h.find(':') == colon) {
+      h = h.substr(0, colon);
+    }
+    for (char& ch : h) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (!h.empty() && h.back() == '.') h.pop_back();
+    if (h == "localhost" || h == o_.host) return true;
+    for (const std::string& a : o_.allow_hosts)
+      if (h == a) return true;
+    in6_addr a6{};
+    in_addr a4{};
+    const bool v4 = inet_pton(AF_INET, h.c_str(), &a4) == 1, v6 = inet_pton(AF_INET6, h.c_str(), &a6) == 1;
+    if (!v4 && !v6) return false;  // a name nobody vouched for
+    const bool wildcard = o_.host == "0.0.0.0" || o_.host == "::" || o_.host.empty();
+    const bool loopback = v4 ? (ntohl(a4.s_addr) >> 24) == 127 : IN6_IS_ADDR_LOOPBACK(&a6);
+    const bool bound_loopback = o_.host == "localhost" || o_.host.rfind("127.", 0) == 0 || o_.host == "::1";
+    return wildcard || (loopback && bound_loopback);
   }
 
   void need_task(Task t, const char* route) const {
@@ -303,50 +361,43 @@ class Server {
   }
 
   void routes() {
-    http_.set_payload_max_length(static_cast<size_t>(o_.max_body));
-    http_.set_read_timeout(30);
-    http_.set_write_timeout(30);
-    http_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.set_guard([this](const http::Request& req, http::Response& res) {
+      if (!host_allowed(req.header("Host"))) {
+        reply_error(res, {403,
+                          "Host '" + *req.header("Host") +
+                              "' is not a name of this server (qkv serve --allow-host NAME adds one)",
+                          "permission_error", ""});
+        return true;
+      }
       // the page itself and the health check are open; the page sends the key on its requests
-      if (o_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET"))
-        return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == "Bearer " + o_.api_key)
-        return httplib::Server::HandlerResponse::Unhandled;
+      if (o_.api_key.empty() || req.path == "/health" || (req.path == "/" && req.method == "GET")) return false;
+      if (const std::string* a = req.header("Authorization"); a && *a == "Bearer " + o_.api_key) return false;
       reply_error(res, {401, "missing or wrong API key (send 'Authorization: Bearer KEY')", "authentication_error", ""});
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     });
-    http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (!res.body.empty()) return;  // our own error reply
-      if (res.status == 404)
-        reply_error(res, {404, "no route " + req.method + " " + req.path, "not_found", ""});
-      else if (res.status == 413)
-        reply_error(res, {413, "the request body is too large", "invalid_request_error", ""});
-      else
-        reply_error(res, {res.status, "HTTP error " + std::to_string(res.status), "invalid_request_error", ""});
-    });
-    http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-      reply_error(res, {500, "internal error", "server_error", ""});
-    });
-    http_.Get("/health", handler([this](const httplib::Request&, httplib::Response& res) {
+    // answered on the I/O thread: never waits on the model
+    http_.route("GET", "/health", handler([this](const http::Request&, http::Response& res) {
       const Json j = {{"status", draining_ ? "stopping" : "ok"}, {"model", id_}, {"task", task_name(info_.task)},
                       {"waiting", sched_->waiting()}, {"decoding", sched_->decoding()}};
-      res.set_content(dump(j), "application/json");
-    }));
-    http_.Get("/v1/models", handler([this](const httplib::Request&, httplib::Response& res) {
+      res.body = dump(j);
+    }), true);
+    http_.route("GET", "/v1/models", handler([this](const http::Request&, http::Response& res) {
       const Json j = {{"object", "list"},
                       {"data", {{{"id", id_}, {"object", "model"}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}}}}};
-      res.set_content(dump(j), "application/json");
-    }));
-    http_.Get("/", handler([](const httplib::Request&, httplib::Response& res) {
-      res.set_content(reinterpret_cast<const char*>(kExplorerHtml), kExplorerHtmlSize, "text/html; charset=utf-8");
-      res.set_header("Content-Security-Policy",
-                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-                     "img-src data:");
-    }));
-    http_.Get("/v1/model", handler([this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(dump(model_json()), "application/json");
-    }));
-    http_.Post("/v1/attend", handler([](const httplib::Request& req, httplib::Response& res) {
+      res.body = dump(j);
+    }), true);
+    http_.route("GET", "/", handler([](const http::Request&, http::Response& res) {
+      res.body.assign(reinterpret_cast<const char*>(kExplorerHtml), kExplorerHtmlSize);
+      res.content_type = "text/html; charset=utf-8";
+      res.headers.emplace_back("Content-Security-Policy",
+                               "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src data:");
+    }), true);
+    http_.route("GET", "/v1/model", handler([this](const http::Request&, http::Response& res) {
+      res.body = dump(model_json());
+    }), true);
+    http_.route("POST", "/v1/attend", handler([](const http::Request& req, http::Response& res) {
+      check_utf8_body(req.body);
       Json body;
       try {
         body = Json::parse(req.body);
@@ -354,39 +405,39 @@ class Server {
         bad("", std::string("the body is not valid JSON: ") + e.what());
       }
       try {
-        res.set_content(dump(attend_steps(example_from_json(body))), "application/json");
+        res.body = dump(attend_steps(example_from_json(body)));
       } catch (const FieldError& e) {
         bad(e.field, e.message);
       }
     }));
-    http_.Get("/v1/claims", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("GET", "/v1/claims", handler([this](const http::Request& req, http::Response& res) {
       uint64_t seed = 1;
-      if (req.has_param("seed")) {
-        const std::string v = req.get_param_value("seed");
+      if (const std::string* p = req.param("seed")) {
+        const std::string& v = *p;
         const auto r = std::from_chars(v.data(), v.data() + v.size(), seed);
         if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty() || seed > (uint64_t{1} << 53))
           bad("seed", "'seed' is '" + v + "'; expected a whole number in [0, 2^53]");
       }
       const bool lm = info_.task == Task::LanguageModel;
       const Json claims = sched_->run([seed, lm](const Model& m) { return chapter_claims(seed, lm ? &m : nullptr); }).get();
-      res.set_content(dump(claims), "application/json");
+      res.body = dump(claims);
     }));
-    http_.Post("/v1/completions", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("POST", "/v1/completions", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::LanguageModel, "/v1/completions");
       completions(req, res);
     }));
-    http_.Post("/v1/next-token", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("POST", "/v1/next-token", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::LanguageModel, "/v1/next-token");
       next_token(req, res);
     }));
-    http_.Post("/v1/attention", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("POST", "/v1/attention", handler([this](const http::Request& req, http::Response& res) {
       attention(req, res);
     }));
-    http_.Post("/v1/translations", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("POST", "/v1/translations", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::Translate, "/v1/translations");
       translations(req, res);
     }));
-    http_.Post("/v1/classifications", handler([this](const httplib::Request& req, httplib::Response& res) {
+    http_.route("POST", "/v1/classifications", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::Classify, "/v1/classifications");
       classifications(req, res);
     }));
@@ -454,6 +505,7 @@ class Server {
     p.r.sampling.top_k = f.integer("top_k", 0, 1 << 30, 0);
     p.r.sampling.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 0.01, 100, 1));
     p.r.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MAX, 0));
+    p.r.sampling.vocab_limit = tok_->vocab_size();  // never an id the tokenizer cannot decode
     p.r.n = f.integer("n", 1, o_.slots, 1);
     p.r.top_logprobs = f.integer("logprobs", 0, 20, 0);
     p.stream = f.boolean("stream", false);
@@ -552,7 +604,7 @@ class Server {
     return out;
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
+  void completions(const http::Request& req, http::Response& res) {
     auto p = std::make_shared<CompletionParams>(parse_completion(req.body));
     auto c = std::make_shared<Completion>(p->r.n);
     auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(p->r.n));
@@ -591,15 +643,17 @@ class Server {
       }
       const auto P = static_cast<int64_t>(p->r.prompt.size());
       out["usage"] = {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}};
-      res.set_content(dump(out), "application/json");
+      res.body = dump(out);
       return;
     }
     // streaming: server-sent events, one chunk per settled piece of text, then [DONE]
-    ++in_flight_;  // until the provider finishes (the handler returns first)
-    auto sent_echo = std::make_shared<bool>(!p->echo);
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, p, c, choices, base, cid, created, all_ended, sent_echo](size_t, httplib::DataSink& sink) {
+    // on this worker thread, after the handler returns; the Completion ends as the stream does
+    res.content_type = "text/event-stream";
+    res.stream = [this, p, c, choices, base, cid, created, all_ended](http::ChunkSink& sink) {
+          struct End {
+            Completion& c;
+            ~End() { c.gone = true; }  // however it ended, the scheduler may free the slots
+          } end{*c};
           const auto chunk = [&](int64_t i, const std::string& text, const Json& lps, const std::string& finish) {
             const Json j = {{"id", cid},
                             {"object", "text_completion"},
@@ -610,38 +664,27 @@ class Server {
                                {"text", text},
                                {"logprobs", lps},
                                {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
-            const std::string s = "data: " + dump(j) + "\n\n";
-            return sink.write(s.data(), s.size());
+            return sink.write("data: " + dump(j) + "\n\n");
           };
-          if (!*sent_echo) {
-            *sent_echo = true;
+          if (p->echo)
             for (int64_t i = 0; i < p->r.n; ++i)
-              if (!chunk(i, p->prompt_text, nullptr, "")) return c->gone = true, false;
-          }
+              if (!chunk(i, p->prompt_text, nullptr, "")) return;
           while (!all_ended()) {
             {
               std::unique_lock<std::mutex> lock(c->mu);
               c->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !c->events.empty(); });
             }
-            if (!sink.is_writable()) return c->gone = true, false;  // the client went away
+            if (!sink.open()) return;  // the client went away
             for (const Delta& d : fold(*c, *choices, *p, base))
-              if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish))
-                return c->gone = true, false;
+              if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
           }
-          const std::string end = "data: [DONE]\n\n";
-          sink.write(end.data(), end.size());
-          sink.done();
-          return true;
-        },
-        [this, c](bool) {
-          c->gone = true;  // however it ended, the scheduler may free the slots
-          --in_flight_;
-        });
+          sink.write("data: [DONE]\n\n");
+        };
   }
 
   // ---- /v1/next-token ---------------------------------------------------------------------------
 
-  void next_token(const httplib::Request& req, httplib::Response& res) {
+  void next_token(const http::Request& req, http::Response& res) {
     Fields f(req.body);
     const std::string text = f.strings("text", 1, true, false)[0];
     const double temperature = f.number("temperature", 1e-4, 100, 1.0);
@@ -681,8 +724,7 @@ class Server {
     }
     Json pieces = Json::array();
     for (int32_t id : ids) pieces.push_back(tok_->piece(id));
-    res.set_content(dump({{"tokens", pieces}, {"ids", ids}, {"temperature", temperature}, {"top", top}}),
-                    "application/json");
+    res.body = dump({{"tokens", pieces}, {"ids", ids}, {"temperature", temperature}, {"top", top}});
   }
 
   // ---- /v1/attention ------------------------------------------------------------------------------
@@ -690,7 +732,7 @@ class Server {
   // Every (or the chosen) layer's and head's weights on a text: one forward pass on the scheduler
   // thread keeps each module's queries, keys and logsumexp (qkv/inspect.h); the weights are then
   // recomputed here, head by head in blocks of rows, never all heads' matrices at once.
-  void attention(const httplib::Request& req, httplib::Response& res) {
+  void attention(const http::Request& req, http::Response& res) {
     Fields f(req.body);
     const bool encdec = info_.task == Task::Translate;
     const ModelConfig& c = model_->config();
@@ -780,12 +822,12 @@ class Server {
       out["source_tokens"] = pieces(src);
       out["source_ids"] = src;
     }
-    res.set_content(dump(out), "application/json");
+    res.body = dump(out);
   }
 
   // ---- /v1/translations, /v1/classifications ---------------------------------------------------------
 
-  void translations(const httplib::Request& req, httplib::Response& res) {
+  void translations(const http::Request& req, http::Response& res) {
     Fields f(req.body);
     const std::vector<std::string> texts = f.strings("text", 64, true, false);
     const int64_t beam = f.integer("beam", 1, 16, 4);
@@ -825,7 +867,7 @@ class Server {
     std::vector<std::string> tr(texts.size());
     for (size_t k = 0; k < items.size(); ++k)
       tr[rows[k]] = output_text(*tok_, items[k]->done.get_future().get().tokens);
-    res.set_content(dump({{"model", id_}, {"translations", Json(tr)}}), "application/json");
+    res.body = dump({{"model", id_}, {"translations", Json(tr)}});
   }
 
   struct TranslationItem {
@@ -867,7 +909,7 @@ class Server {
     }
   }
 
-  void classifications(const httplib::Request& req, httplib::Response& res) {
+  void classifications(const http::Request& req, http::Response& res) {
     Fields f(req.body);
     const std::vector<std::string> texts = f.strings("text", 256, true, false);
     f.done();
@@ -897,7 +939,7 @@ class Server {
       }
       results.push_back({{"label", info_.labels.at(best)}, {"prob", probs[info_.labels.at(best)]}, {"probs", probs}});
     }
-    res.set_content(dump({{"model", id_}, {"classifications", results}}), "application/json");
+    res.body = dump({{"model", id_}, {"classifications", results}});
   }
 
   ServeOptions o_;
@@ -906,9 +948,10 @@ class Server {
   std::unique_ptr<Tokenizer> tok_;
   std::string id_;
   std::unique_ptr<Scheduler> sched_;
-  httplib::Server http_;
+  http::Server http_;
+  int port_ = 0;
   std::atomic<bool> draining_{false}, stopped_{false};
-  std::atomic<int64_t> in_flight_{0}, next_id_{0};
+  std::atomic<int64_t> next_id_{0};
   std::mutex tr_mu_;
   std::vector<std::shared_ptr<TranslationItem>> tr_pending_;
 };
@@ -924,6 +967,15 @@ void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
       ->transform(whole(0, 65535));
   c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  c->add_option("--allow-host", o->allow_hosts,
+                "A name clients may reach the server by (the Host header; repeatable). Always allowed: localhost "
+                "and the --host address; others are refused with 403 (DNS rebinding)");
+  c->add_option("--max-connections", o->max_connections,
+                "Connections open at once at most; more are answered 503 and closed (default 1024)")
+      ->transform(whole(1, 1 << 20));
+  c->add_option("--max-client-connections", o->max_client_connections,
+                "Connections from one address at most (default 256)")
+      ->transform(whole(1, 1 << 20));
   c->add_option("--slots", o->slots,
                 "Sequences decoded together (continuous batching), and sentences per translation batch (default 8)")
       ->transform(whole(1, 64));

@@ -31,6 +31,8 @@ struct SamplingConfig {
   float repetition_penalty = 1.0f;  // CTRL: a token already in the row has its logit divided by
                                     // this when positive, multiplied when negative (1: off)
   uint64_t seed = 0;                // samples are a function of (seed, inputs)
+  int64_t vocab_limit = 0;          // > 0: choose only among ids below it (a Hugging Face model pads its
+                                    // embedding table past its tokenizer; those rows have no text)
 };
 
 struct GenerateConfig {

@@ -201,11 +201,14 @@ std::vector<double> log_softmax(const float* z, int64_t V) {
 
 // The next token of one row: greedy or sampled, after the repetition penalty.
 int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s, Rng& rng) {
+  // V <- the ids that may be chosen: the rows past vocab_limit are never candidates
+  if (s.vocab_limit > 0 && s.vocab_limit < V) V = s.vocab_limit;
   std::vector<double> z(logits, logits + V);
   // z_t <- z_t / penalty (z_t > 0) or z_t * penalty (z_t <= 0), once per token in the history
   if (s.repetition_penalty != 1.0f) {
     const std::set<int32_t> seen(history.begin(), history.end());
-    for (int32_t t : seen) z[t] = z[t] > 0 ? z[t] / s.repetition_penalty : z[t] * s.repetition_penalty;
+    for (int32_t t : seen)
+      if (t < V) z[t] = z[t] > 0 ? z[t] / s.repetition_penalty : z[t] * s.repetition_penalty;
   }
   if (s.greedy) return static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
   // z <- z / temperature ; keep the top_k largest ; p <- softmax(z) ; keep the top_p nucleus
