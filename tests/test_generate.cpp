@@ -629,5 +629,29 @@ TEST(DecodeSlots, MisuseGivesClearErrors) {
   EXPECT_NE(error_of([&] { DecodeSlots(make(encdec_config()), 2, 8); }).find("decoder-only"), std::string::npos);
 }
 
+// A Hugging Face model pads its embedding table past its tokenizer: the rows past vocab_limit
+// have no text, so they are never chosen, greedy or sampled, however high their logits.
+TEST(Generate, VocabLimitNeverChoosesPaddedRows) {
+  const int64_t V = 8, limit = 5;
+  std::vector<float> z = {0.1f, 0.5f, 0.2f, 0.4f, 0.3f, 9.0f, 8.0f, 7.0f};  // the padding rows win
+  SamplingConfig s;
+  s.vocab_limit = limit;
+  Rng rng(1);
+  EXPECT_EQ(choose_token(z.data(), V, {}, s, rng), 1);  // the best id below the limit
+  s.vocab_limit = 0;
+  EXPECT_EQ(choose_token(z.data(), V, {}, s, rng), 5);  // without the limit: the padding row
+  s.vocab_limit = limit;
+  s.greedy = false;
+  s.repetition_penalty = 1.5f;
+  for (const float temperature : {0.5f, 1.0f, 100.0f}) {
+    s.temperature = temperature;
+    for (int i = 0; i < 500; ++i) {
+      const int32_t t = choose_token(z.data(), V, {6, 7, 1}, s, rng);  // history holds padded ids too
+      ASSERT_GE(t, 0);
+      ASSERT_LT(t, limit) << "temperature " << temperature;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv
