@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""How OpenMP's wait policy serves an idle machine and a busy one (BENCHMARKS.md, "Threads on a busy
+machine").
+
+    /usr/bin/python3 bench/threads_bench.py --qkv build/qkv [--rounds 3] [--spins 300000,passive,default]
+
+Workloads, each a `qkv bench` command that prints JSON:
+  decode-tiny   a tiny language model (trained here for 4 steps), 64 tokens at batch 1
+  decode-gpt2   GPT-2 small (random weights), 32 tokens at batch 1
+  train-tiny    the tiny model, 15 steps of 8 x 64 tokens
+Policies (the environment of the run):
+  300000        GOMP_SPINCOUNT=300000: libgomp's own default (what qkv ran before it set one)
+  passive       OMP_WAIT_POLICY=passive: sleep at once
+  default       nothing set: qkv's own default
+  N             GOMP_SPINCOUNT=N
+Each (workload, policy) runs idle and then beside one busy process (a shell loop), alternating the
+policies round by round; the median of the rounds is printed, in tokens/s.
+"""
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def env_for(policy):
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if policy == "passive":
+        env["OMP_WAIT_POLICY"] = "passive"
+    elif policy != "default":
+        env["GOMP_SPINCOUNT"] = policy
+    return env
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--qkv", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--spins", default="300000,passive,default")
+    ap.add_argument("--workloads", default="decode-tiny,decode-gpt2,train-tiny")
+    a = ap.parse_args()
+    qkv = os.path.abspath(a.qkv)
+    work = tempfile.mkdtemp(prefix="threads_bench.")
+    rng = random.Random(1)
+    words = "zero one two three four five six seven eight nine".split()
+    with open(os.path.join(work, "text.txt"), "w") as f:
+        for i in range(300):
+            f.write("And God said let there be %s and %s\n" % (rng.choice(words), rng.choice(words)))
+    lm = os.path.join(work, "lm")
+    subprocess.run([qkv, "train", "--steps", "4", "--preset", "tiny", "--max-len", "96", "--seed", "1", "--task", "lm",
+                    "--data", os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"],
+                   check=True, capture_output=True)
+    cmds = {
+        "decode-tiny": ["bench", "decode", "--model", lm, "--tokens", "64", "--reps", "3", "--json"],
+        "decode-gpt2": ["bench", "decode", "--model", "gpt2-small", "--tokens", "32", "--reps", "2", "--json"],
+        "train-tiny": ["bench", "train", "--model", lm, "--steps", "15", "--warmup", "2", "--batch", "8", "--seq", "64",
+                       "--json"],
+    }
+    policies = a.spins.split(",")
+    workloads = a.workloads.split(",")
+    cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True,
+                         text=True).stdout.strip()
+    print("threads_bench: %s, %d cores, qkv's default threads; %d rounds" % (cpu, os.cpu_count(), a.rounds))
+    results = {}
+    for busy in (False, True):
+        hog = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if busy else None
+        try:
+            for r in range(a.rounds):
+                for w in workloads:
+                    order = policies if r % 2 == 0 else list(reversed(policies))
+                    for p in order:
+                        out = subprocess.run([qkv] + cmds[w], env=env_for(p), capture_output=True, text=True,
+                                             timeout=600)
+                        if out.returncode != 0:
+                            sys.exit("threads_bench: %s failed: %s" % (" ".join(cmds[w]), out.stderr))
+                        j = json.loads(out.stdout)
+                        tps = j.get("tokens_per_s", j.get("throughput_tokens_per_s"))
+                        results.setdefault((busy, w, p), []).append(tps)
+        finally:
+            if hog:
+                hog.kill()
+                hog.wait()
+    print("%-12s %-10s %14s %14s %8s" % ("workload", "policy", "idle tok/s", "busy tok/s", "busy/idle"))
+    for w in workloads:
+        for p in policies:
+            idle = statistics.median(results[(False, w, p)])
+            busy = statistics.median(results[(True, w, p)])
+            print("%-12s %-10s %14.1f %14.1f %8.2f" % (w, p, idle, busy, busy / idle))
+
+
+if __name__ == "__main__":
+    main()
