@@ -653,5 +653,25 @@ TEST(Generate, VocabLimitNeverChoosesPaddedRows) {
   }
 }
 
+// ... and generation, greedy, sampled and by beam search, keeps below it.
+TEST(Generate, VocabLimitHoldsForGreedySamplingAndBeams) {
+  const Model m = make(decoder_config(Positional::Rope));  // 23 ids
+  for (const int64_t beam : {1, 3}) {
+    for (const bool sample : {false, true}) {
+      if (beam > 1 && sample) continue;
+      GenerateConfig g = greedy(12, false);
+      g.beam_size = beam;
+      g.sampling.greedy = !sample;
+      g.sampling.vocab_limit = 6;
+      std::set<int32_t> unlimited;
+      for (const auto& gen : generate(m, kPrompts, g))
+        for (int32_t t : gen.tokens) EXPECT_LT(t, 6) << "beam " << beam << " sample " << sample;
+      g.sampling.vocab_limit = 0;
+      for (const auto& gen : generate(m, kPrompts, g)) unlimited.insert(gen.tokens.begin(), gen.tokens.end());
+      EXPECT_GT(*unlimited.rbegin(), 6) << "the test needs a model that picks the padded ids without the limit";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qkv

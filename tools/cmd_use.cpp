@@ -218,6 +218,7 @@ std::vector<std::string> translate_all(const Loaded& L, const std::vector<std::s
     }
     const int64_t want = d.max_len > 0 ? d.max_len : 2 * longest + 10;
     GenerateConfig g = d.config(want);
+    g.sampling.vocab_limit = L.tok->vocab_size();  // never an id the tokenizer cannot decode
     if (mc.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, mc.max_len);
     g.capture_attention = b0 == 0 && first_map != nullptr;  // the first line that has tokens
     if (g.capture_attention) g.beam_search = g.beam_size > 1;
@@ -337,6 +338,7 @@ Runner add_generate(CLI::App& app) {
       max_new = std::min(max_new, room);
     }
     GenerateConfig g = o->d.config(max_new);
+    g.sampling.vocab_limit = L.tok->vocab_size();  // never an id the tokenizer cannot decode
     g.capture_attention = !o->d.attention_map.empty();
     if (g.capture_attention) g.beam_search = g.beam_size > 1;
     if (beam > 1) g.num_return = n;

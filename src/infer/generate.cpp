@@ -391,9 +391,11 @@ struct Driver {
           if (score[r] == kNegInfD) continue;
           check_finite_logits(logits.data<float>() + r * V, V, name(), b, step);
           const std::vector<double> lp = log_softmax(logits.data<float>() + r * V, V);
-          std::vector<int32_t> idx(static_cast<size_t>(V));
+          // candidates come from the ids below vocab_limit (the rows past it have no text)
+          const int64_t Vc = g.sampling.vocab_limit > 0 ? std::min(V, g.sampling.vocab_limit) : V;
+          std::vector<int32_t> idx(static_cast<size_t>(Vc));
           std::iota(idx.begin(), idx.end(), 0);
-          const int64_t n = std::min<int64_t>(2 * K, V);
+          const int64_t n = std::min<int64_t>(2 * K, Vc);
           std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t x, int32_t y) {
             return lp[x] > lp[y] || (lp[x] == lp[y] && x < y);
           });
