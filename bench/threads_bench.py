@@ -8,6 +8,7 @@ Workloads, each a `qkv bench` command that prints JSON:
   decode-tiny   a tiny language model (trained here for 4 steps), 64 tokens at batch 1
   decode-gpt2   GPT-2 small (random weights), 32 tokens at batch 1
   train-tiny    the tiny model, 15 steps of 8 x 64 tokens
+  serve-tiny    `qkv serve` on the tiny model: 10 completions of 32 tokens, one after another
 Policies (the environment of the run):
   300000        GOMP_SPINCOUNT=300000: libgomp's own default (what qkv ran before it set one)
   passive       OMP_WAIT_POLICY=passive: sleep at once
@@ -17,6 +18,7 @@ Each (workload, policy) runs idle and then beside one busy process (a shell loop
 policies round by round; the median of the rounds is printed, in tokens/s.
 """
 import argparse
+import http.client
 import json
 import os
 import random
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def env_for(policy):
@@ -35,12 +38,32 @@ def env_for(policy):
     return env
 
 
+def serve_run(qkv, lm, env):
+    """Tokens per second of 10 greedy completions of 32 tokens from a fresh `qkv serve`."""
+    p = subprocess.Popen([qkv, "serve", "--model", lm, "--port", "0"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    try:
+        host, port = p.stdout.readline().strip()[len("http://"):].rstrip("/").split(":")
+        body = json.dumps({"prompt": "And God said", "max_tokens": 32, "temperature": 0})
+        tokens = 0
+        t0 = time.monotonic()
+        for i in range(10):
+            c = http.client.HTTPConnection(host, int(port), timeout=300)
+            c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+            tokens += json.loads(c.getresponse().read())["usage"]["completion_tokens"]
+            c.close()
+        return tokens / (time.monotonic() - t0)
+    finally:
+        p.terminate()
+        p.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--qkv", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--spins", default="300000,passive,default")
-    ap.add_argument("--workloads", default="decode-tiny,decode-gpt2,train-tiny")
+    ap.add_argument("--workloads", default="decode-tiny,decode-gpt2,train-tiny,serve-tiny")
     a = ap.parse_args()
     qkv = os.path.abspath(a.qkv)
     work = tempfile.mkdtemp(prefix="threads_bench.")
@@ -72,6 +95,9 @@ def main():
                 for w in workloads:
                     order = policies if r % 2 == 0 else list(reversed(policies))
                     for p in order:
+                        if w == "serve-tiny":
+                            results.setdefault((busy, w, p), []).append(serve_run(qkv, lm, env_for(p)))
+                            continue
                         out = subprocess.run([qkv] + cmds[w], env=env_for(p), capture_output=True, text=True,
                                              timeout=600)
                         if out.returncode != 0:

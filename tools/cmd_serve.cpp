@@ -269,6 +269,8 @@ class Server {
     std::fprintf(stderr, "qkv serve: %s (%s, %s) on http://%s:%d/  (%lld slots, queue %lld)\n", o_.model.c_str(),
                  task_name(info_.task), arch_name(model_->config().arch), o_.host.c_str(), port,
                  static_cast<long long>(o_.slots), static_cast<long long>(o_.max_queue));
+    if (const char* wait = std::getenv("QKV_THREADS_WAIT"))
+      std::fprintf(stderr, "qkv serve: threads wait %s; OMP_WAIT_POLICY=active chooses spinning\n", wait);
     const std::string url = detail::concat("http://", url_host(o_.host), ":", port, "/");
     std::printf("%s\n", url.c_str());
     std::fflush(stdout);

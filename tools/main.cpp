@@ -1,7 +1,13 @@
 // qkv: the command-line tool. Library errors (qkv::Error) become one line on stderr and exit 2.
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -41,21 +47,84 @@ std::string parse_error_line(const CLI::App& app, const CLI::ParseError& e) {
   return path + " needs a command: one of " + names;
 }
 
-// Debian's OpenBLAS 0.3.21 does not recognise some recent CPUs and silently runs its generic
-// (Prescott) kernel, several times slower. The kernel is chosen when the library loads, so the
-// fix is to set OPENBLAS_CORETYPE and start again, once.
-void reexec_if_blas_fell_back(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") || std::getenv("QKV_NO_REEXEC")) return;
+// CPU seconds the whole machine has been busy, from /proc/stat's first line: all but idle and
+// iowait (steal included: on a virtual machine, time the host gave to others). -1 if unreadable.
+double machine_busy_seconds() {
+  std::ifstream f("/proc/stat");
+  std::string cpu;
+  if (!(f >> cpu) || cpu != "cpu") return -1;
+  double v[8] = {};  // user nice system idle iowait irq softirq steal (guest is within user)
+  for (double& x : v)
+    if (!(f >> x)) return -1;
+  return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Cores' worth of CPU that other processes used over the next `seconds` (-1 if unknown).
+double others_busy_cores(double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const double b0 = machine_busy_seconds(), own0 = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const double b1 = machine_busy_seconds(), own1 = process_cpu_seconds();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (b0 < 0 || b1 < 0 || dt <= 0) return -1;
+  return std::max(0.0, (b1 - b0) - (own1 - own0)) / dt;
+}
+
+bool wants_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) return true;
+  return argc < 2;
+}
+
+// Settings that only take effect when the libraries load, before main(): set them and start
+// again (execv of /proc/self/exe: the same arguments and process id), once.
+//
+// 1. Debian's OpenBLAS 0.3.21 does not recognise some recent CPUs and silently runs its generic
+//    (Prescott) kernel, several times slower: set OPENBLAS_CORETYPE.
+// 2. How OpenMP threads wait (libgomp, the one runtime of qkv's kernels, OpenBLAS and oneDNN).
+//    By default a thread that waits for the others spins for about 3 ms before it sleeps. On an
+//    idle machine that is what makes small parallel regions fast (waking a sleeping thread costs
+//    ~100 us on a virtual machine); on a machine where another process is busy it is ruinous: a
+//    thread spins on a core while the thread it waits for queues behind the other process, and
+//    10 completions of a tiny model took 10x longer. No fixed spin count serves both
+//    (BENCHMARKS.md, "Threads on a busy machine"), so qkv looks: when other processes keep at
+//    least half a core busy over 50 ms at start, threads wait passively (OMP_WAIT_POLICY=passive);
+//    otherwise libgomp's default stands. OMP_WAIT_POLICY or GOMP_SPINCOUNT set by the user win,
+//    and so does an mpirun start (its ranks divide the cores among themselves).
+void reexec_with_load_time_settings(int argc, char** argv) {
+  if (std::getenv("QKV_NO_REEXEC")) return;
+  bool again = false;
   const qkv::BlasInfo info = qkv::blas_info();
-  if (!info.generic_fallback) return;
-  const std::string kv = info.advice;  // "OPENBLAS_CORETYPE=Haswell"
-  const auto eq = kv.find('=');
-  setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+  if (!std::getenv("OPENBLAS_CORETYPE") && info.generic_fallback) {
+    const std::string kv = info.advice;  // "OPENBLAS_CORETYPE=Haswell"
+    const auto eq = kv.find('=');
+    setenv(kv.substr(0, eq).c_str(), kv.substr(eq + 1).c_str(), 1);
+    again = true;
+  }
+  if (!std::getenv("OMP_WAIT_POLICY") && !std::getenv("GOMP_SPINCOUNT") && !wants_help(argc, argv) &&
+      !qkv::cli::launched_by_mpi()) {
+    const double others = others_busy_cores(0.05);
+    if (others >= 0.5) {
+      setenv("OMP_WAIT_POLICY", "passive", 1);
+      char why[96];
+      std::snprintf(why, sizeof why, "passive (other processes kept %.1f cores busy at start)", others);
+      setenv("QKV_THREADS_WAIT", why, 1);
+      again = true;
+    }
+  }
+  if (!again) return;
   setenv("QKV_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", argv);
-  // execv failed: carry on with the slow kernel, but say so.
-  std::cerr << "qkv: warning: OpenBLAS runs its generic '" << info.corename << "' kernel; set " << kv
-            << " for full speed\n";
+  // execv failed: carry on as we are, but say what is slow.
+  if (info.generic_fallback)
+    std::cerr << "qkv: warning: OpenBLAS runs its generic '" << info.corename << "' kernel; set " << info.advice
+              << " for full speed\n";
 }
 
 // Which command ran out of memory, how much there was, and the options that size its work.
@@ -73,7 +142,7 @@ std::string out_of_memory(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  reexec_if_blas_fell_back(argv);
+  reexec_with_load_time_settings(argc, argv);
   // Before any thread exists: SIGINT and SIGTERM are never handled on a computing thread
   // (qkv/signals.h says why).
   try {
