@@ -30,19 +30,33 @@ Tensor random_matrix(int64_t n, std::mt19937& rng) {
 
 }  // namespace
 
-double gemm_ceiling(int64_t n, int reps) {
+Ceiling measure_gemm_ceiling(int64_t n, int reps) {
   std::mt19937 rng(1);
   Tensor a = random_matrix(n, rng), b = random_matrix(n, rng), c({n, n}, DType::F32);
   sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);  // warm-up
-  double best = 1e30;
+  double best = 1e30, worst = 0;
   const double start = now_s();
   for (int r = 0; r < reps || (now_s() - start < 1.0 && r < 100); ++r) {
     const double t0 = now_s();
     sgemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f, c.data<float>(), n);
     best = std::min(best, now_s() - t0);
+    worst = std::max(worst, now_s() - t0);
   }
-  return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best / 1e9;
+  const double flop = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
+  return {flop / best / 1e9, flop / worst / 1e9};
 }
+
+std::string Ceiling::warning() const {
+  if (slowest_gflops >= 0.75 * gflops) return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "warning: the SGEMM ceiling's runs disagree (best %.1f, slowest %.1f GFLOP/s): something else was "
+                "using the machine, so ratios against the ceiling are unreliable; rerun on an idle machine",
+                gflops, slowest_gflops);
+  return buf;
+}
+
+double gemm_ceiling(int64_t n, int reps) { return measure_gemm_ceiling(n, reps).gflops; }
 
 int64_t proc_status_kb(const char* key) {
   std::ifstream f("/proc/self/status");

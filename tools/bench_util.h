@@ -11,6 +11,15 @@ namespace qkv::cli {
 // the machine's own ceiling, measured in the same run as what it is compared with.
 double gemm_ceiling(int64_t n, int reps);
 
+// The same, with its slowest run too: when the runs disagree (the slowest under 3/4 of the best),
+// something else was using the machine, and ratios against the ceiling mean little.
+struct Ceiling {
+  double gflops = 0, slowest_gflops = 0;
+  // a warning line for stderr, or "" when the runs agree
+  std::string warning() const;
+};
+Ceiling measure_gemm_ceiling(int64_t n, int reps);
+
 // A field of /proc/self/status in kB ("VmHWM": peak resident memory, "VmRSS": current), or -1.
 int64_t proc_status_kb(const char* key);
 

@@ -82,6 +82,9 @@ int run_bench_train(const TrainBenchOptions& o) {
   if (from_dir) loaded.emplace(load_model(o.model));
   const ModelConfig cfg = from_dir ? loaded->config() : o.config.empty() ? bench_preset(o.model) : ModelConfig::load(o.config);
   const std::string name = o.config.empty() ? o.model : o.config;
+  // learned positions end at max_len: a longer sequence has no position to embed
+  check(cfg.positional != Positional::Learned || o.seq <= cfg.max_len, "--seq ", o.seq, ": ", name,
+        " has learned positions for ", cfg.max_len, " tokens; give --seq ", cfg.max_len, " or less");
   // the logits and their gradient alone, (B, T, V) floats each: a lower bound on what a step
   // needs, refused before anything is allocated when even that cannot fit
   std::string source;
@@ -91,7 +94,9 @@ int run_bench_train(const TrainBenchOptions& o) {
   check(avail < 0 || logits <= avail, "--batch ", o.batch, " --seq ", o.seq, ": the logits of one step and their "
         "gradient alone take ", static_cast<int64_t>(logits / (1 << 20)), " MiB, more than the ",
         static_cast<int64_t>(avail / (1 << 20)), " MiB of memory available (", source, ")");
-  const double ceiling = gemm_ceiling(2048, 3);
+  const Ceiling measured = measure_gemm_ceiling(2048, 3);
+  const double ceiling = measured.gflops;
+  if (!measured.warning().empty()) std::fprintf(stderr, "qkv bench train: %s\n", measured.warning().c_str());
   Model model = [&] {
     if (from_dir) return std::move(*loaded);
     try {
