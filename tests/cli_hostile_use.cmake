@@ -412,4 +412,25 @@ file(WRITE "${w}/cls_short/task.json" [=[{"task": "classify", "labels": ["even",
 expect_error_stdin("classify with a label twice" "label \"even\" appears twice" "${w}/src.txt" classify
                    --model "${w}/cls_short")
 
+
+# --- --out through /proc/self/fd/1 and /dev/stdout (issue 20): the open file is written through,
+# not resolved into a path (a pipe's link reads "pipe:[N]"); a symbolic link loop is named as such
+foreach(out_path /proc/self/fd/1 /dev/stdout)
+  run_qkv(0 out err data kjv-testament --out ${out_path})
+  string(LENGTH "${out}" n)
+  if(n LESS 1000)
+    message(FATAL_ERROR "data --out ${out_path}: ${n} bytes on standard output\n${err}")
+  endif()
+endforeach()
+file(CREATE_LINK "loopB" "${w}/loopA" SYMBOLIC)
+file(CREATE_LINK "loopA" "${w}/loopB" SYMBOLIC)
+expect_error("data --out a link loop" "loopA: cannot write: more than 40 levels of symbolic links"
+             data kjv-testament --out "${w}/loopA")
+file(WRITE "${w}/tiny.json" [=[{"arch": "decoder", "vocab_size": 20, "d_model": 16, "n_heads": 2, "d_ff": 32, "n_layers": 1}]=])
+expect_error("init --out a link loop" "loopA: too many levels of symbolic links" init --config "${w}/tiny.json"
+             --out "${w}/loopA")
+file(WRITE "${w}/lines.txt" "one two three\nfour five six\n")
+expect_error("train --out a link loop" "too many levels of symbolic links" train --task lm --data "${w}/lines.txt"
+             --steps 1 --preset tiny --tokenizer byte --out "${w}/loopA")
+
 file(REMOVE_RECURSE "${w}")

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <cstdlib>
@@ -206,6 +207,14 @@ int main(int argc, char** argv) {
     std::cerr << "qkv: error: " << what;
     if (what.find("cannot allocate") != std::string::npos) std::cerr << "; " << out_of_memory(app);
     std::cerr << "\n";
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // "filesystem error: status: Too many levels of symbolic links [x]" -> "x: too many levels ..."
+    qkv::cli::restore_error_output();
+    std::string why = e.code().message();
+    if (!why.empty()) why[0] = static_cast<char>(std::tolower(static_cast<unsigned char>(why[0])));
+    std::cerr << "qkv: error: " << (e.path1().empty() ? std::string("a file") : e.path1().string()) << ": " << why
+              << (e.path2().empty() ? std::string() : " (and " + e.path2().string() + ")") << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
     qkv::cli::restore_error_output();

@@ -50,12 +50,19 @@ std::string parent_dir(const std::string& path) {
 }
 
 // The path a write to `path` lands on: symbolic links followed (relative targets from the link's
-// own directory), so that the link itself is never replaced.
-std::string resolve_links(const std::string& path) {
+// own directory), so that the link itself is never replaced. A link under /proc (/proc/self/fd/1,
+// where /dev/stdout leads) names an open file, not a path (a pipe's reads "pipe:[123]"): the chain
+// stops there and *magic is set; such a file is opened through the link, never replaced.
+std::string resolve_links(const std::string& path, bool* magic) {
   std::string p = path;
+  *magic = false;
   for (int hop = 0; hop < 40; ++hop) {
     struct stat st {};
     if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    if (p.rfind("/proc/", 0) == 0) {
+      *magic = true;
+      return p;
+    }
     std::string target(PATH_MAX, '\0');
     const ssize_t n = ::readlink(p.c_str(), target.data(), target.size());
     if (n < 0) fail(path, ": cannot write: cannot read the symbolic link ", p, ": ", errno_text(errno));
@@ -87,12 +94,14 @@ void write_all(int fd, const std::vector<std::string_view>& pieces, const std::s
   }
 }
 
-// A device or a FIFO: written through in place, never replaced. A FIFO without a reader is an
+// A device or a FIFO (or a regular file known only through /proc): written through in place,
+// never replaced. A FIFO without a reader is an
 // error at once (opening it non-blocking fails), not a wait.
 void write_through(const std::string& target, const std::string& shown, const std::vector<std::string_view>& bytes,
                    mode_t mode) {
   const bool fifo = S_ISFIFO(mode);
-  const int fd = ::open(target.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | (fifo ? O_NONBLOCK : 0));
+  const int fd = ::open(target.c_str(),
+                        O_WRONLY | O_CLOEXEC | O_NOCTTY | (fifo ? O_NONBLOCK : 0) | (S_ISREG(mode) ? O_TRUNC : 0));
   if (fd < 0) {
     if (fifo && errno == ENXIO) fail(shown, ": cannot write: it is a FIFO (named pipe) with no reader");
     fail(shown, ": cannot write to ", file_kind(mode), ": ", errno_text(errno));
@@ -163,8 +172,15 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
 }
 
 void write_file_atomic(const std::string& path, const std::vector<std::string_view>& bytes) {
-  const std::string target = resolve_links(path);
+  bool magic = false;
+  const std::string target = resolve_links(path, &magic);
   struct stat st {};
+  if (magic) {
+    if (::stat(target.c_str(), &st) != 0) fail(path, ": cannot write: ", errno_text(errno));
+    if (S_ISDIR(st.st_mode)) fail(path, ": cannot write: it is ", file_kind(st.st_mode));
+    write_through(target, path, bytes, st.st_mode);
+    return;
+  }
   if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) || S_ISFIFO(st.st_mode)) {
       write_through(target, path, bytes, st.st_mode);
