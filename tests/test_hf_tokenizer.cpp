@@ -415,6 +415,33 @@ TEST(HfTokenizerJson, ClearErrors) {
   expect_mentions(err(j), {"added_tokens[0].special", "expected true or false"});
 }
 
+// A Sequence nested 10,000 deep used to cost memory quadratic in the depth (the place of each
+// element, copied at every level) before any other check: now refused past 32, naming the limit.
+TEST(HfTokenizerJson, DeeplyNestedSequencesAreRefused) {
+  // tokenizer.json text with `field` = a Sequence nested `depth` deep around `inner`
+  const auto nested = [](const char* field, const char* key, const char* inner, int depth) {
+    std::string v = inner;
+    std::string open, close;
+    for (int i = 0; i < depth; ++i) open += std::string("{\"type\": \"Sequence\", \"") + key + "\": [", close += "]}";
+    Json j = file_with(word_level({"a"}));
+    j.erase(field);
+    std::string text = j.dump();
+    text.insert(1, std::string("\"") + field + "\": " + open + v + close + ", ");
+    return text;
+  };
+  const auto parse = [](const std::string& text) { qkv::parse_hf_tokenizer(text, "tokenizer.json"); };
+  // as the Hub nests: fine
+  EXPECT_NO_THROW(parse(nested("normalizer", "normalizers", "{\"type\": \"Lowercase\"}", 3)));
+  for (const int depth : {33, 10000}) {
+    expect_mentions(error_of([&] { parse(nested("normalizer", "normalizers", "{\"type\": \"Lowercase\"}", depth)); }),
+                    {"tokenizer.json", "normalizer", "nested more than 32 deep"});
+    expect_mentions(error_of([&] { parse(nested("pre_tokenizer", "pretokenizers", "{\"type\": \"Whitespace\"}", depth)); }),
+                    {"pre_tokenizer", "nested more than 32 deep"});
+    expect_mentions(error_of([&] { parse(nested("decoder", "decoders", "{\"type\": \"Fuse\"}", depth)); }),
+                    {"decoder", "nested more than 32 deep"});
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Folders: the search order, save and load, vocab.txt, Marian
 

@@ -58,8 +58,9 @@ using text::to_utf8;
 struct Where {
   const std::string& file;
   std::string path;  // "model.vocab", "normalizer.normalizers[2]"
-  Where at(const std::string& key) const { return {file, path.empty() ? key : path + "." + key}; }
-  Where index(size_t i) const { return {file, path + "[" + std::to_string(i) + "]"}; }
+  int depth = 0;     // Sequences this place is nested in
+  Where at(const std::string& key) const { return {file, path.empty() ? key : path + "." + key, depth}; }
+  Where index(size_t i) const { return {file, path + "[" + std::to_string(i) + "]", depth}; }
   template <class... A>
   [[noreturn]] void fail(const A&... a) const {
     qkv::fail(file, ": ", path.empty() ? "" : path + ": ", a...);
@@ -299,12 +300,20 @@ std::unique_ptr<T> parse_replace(const Json& j, const Where& w) {
   return r;
 }
 
+// Sequences nest at most kMaxSequenceDepth deep (the Hub's files nest two or three): a file that
+// nests 10,000 deep would otherwise cost memory quadratic in its depth before any other check.
+constexpr int kMaxSequenceDepth = 32;
+
 // A "Sequence" component: each element of j[key] parsed by `parse`, in order.
 template <class T, class Parse>
 std::unique_ptr<T> parse_sequence(const Json& j, const char* key, const Where& w, Parse parse) {
+  if (w.depth >= kMaxSequenceDepth)
+    w.fail("a Sequence nested more than ", kMaxSequenceDepth, " deep (expected a flat list of steps)");
   auto seq = std::make_unique<T>();
   const Json& a = get_array(j, key, w);
-  for (size_t i = 0; i < a.size(); ++i) seq->parts.push_back(parse(a[i], w.at(key).index(i)));
+  Where inner = w.at(key);
+  inner.depth = w.depth + 1;
+  for (size_t i = 0; i < a.size(); ++i) seq->parts.push_back(parse(a[i], inner.index(i)));
   return seq;
 }
 
