@@ -284,6 +284,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
         route.handler(*req, res);
       } catch (const std::exception& e) {
         res = srv->error(500, std::string("internal error: ") + e.what());
+      } catch (...) {
+        res = srv->error(500, "internal error");
       }
       res.stream = nullptr;
       return send(res);
@@ -309,6 +311,8 @@ struct Conn : std::enable_shared_from_this<Conn> {
       h(req, res);
     } catch (const std::exception& e) {
       res = srv->error(500, std::string("internal error: ") + e.what());
+    } catch (...) {
+      res = srv->error(500, "internal error");
     }
     if (!res.stream) {
       auto r = std::make_shared<Response>(std::move(res));
