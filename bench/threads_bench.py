@@ -21,12 +21,14 @@ import argparse
 import http.client
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from serve_test import tiny_lm  # noqa: E402
 
 
 def env_for(policy):
@@ -67,15 +69,7 @@ def main():
     a = ap.parse_args()
     qkv = os.path.abspath(a.qkv)
     work = tempfile.mkdtemp(prefix="threads_bench.")
-    rng = random.Random(1)
-    words = "zero one two three four five six seven eight nine".split()
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        for i in range(300):
-            f.write("And God said let there be %s and %s\n" % (rng.choice(words), rng.choice(words)))
-    lm = os.path.join(work, "lm")
-    subprocess.run([qkv, "train", "--steps", "4", "--preset", "tiny", "--max-len", "96", "--seed", "1", "--task", "lm",
-                    "--data", os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"],
-                   check=True, capture_output=True)
+    lm = tiny_lm(qkv, work)
     cmds = {
         "decode-tiny": ["bench", "decode", "--model", lm, "--tokens", "64", "--reps", "3", "--json"],
         "decode-gpt2": ["bench", "decode", "--model", "gpt2-small", "--tokens", "32", "--reps", "2", "--json"],

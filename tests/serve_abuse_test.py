@@ -32,7 +32,6 @@ import http.client
 import json
 import multiprocessing
 import os
-import random
 import re
 import shutil
 import signal
@@ -45,7 +44,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_test import Checks, Server, run  # noqa: E402
+from serve_test import Checks, Server, tiny_lm  # noqa: E402
 
 
 def rss_kib(pid):
@@ -279,15 +278,7 @@ def main():
     qkv = os.path.abspath(a.qkv)
     work = a.keep or tempfile.mkdtemp(prefix="serve_abuse.")
     os.makedirs(work, exist_ok=True)
-    rng = random.Random(1)
-    words = "zero one two three four five six seven eight nine".split()
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        for i in range(300):
-            f.write("And God said let there be %s and %s\n" % (rng.choice(words), rng.choice(words)))
-    lm = os.path.join(work, "lm")
-    shutil.rmtree(lm, ignore_errors=True)
-    run([qkv, "--threads", "2", "train", "--steps", "4", "--preset", "tiny", "--max-len", "96", "--seed", "1",
-         "--task", "lm", "--data", os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"])
+    lm = tiny_lm(qkv, work)
     ck = Checks()
     srv = Server(qkv, lm, "--max-queue", "32", "--slots", "4")
     pid = srv.proc.pid

@@ -126,6 +126,22 @@ class Server:
                 self.proc.kill()
 
 
+def tiny_lm(qkv, work, steps=4):
+    """A tiny language model (byte tokenizer) trained for `steps` steps on 300 lines made here:
+    work/lm. For the tests and benchmarks that need any language model to serve."""
+    rng = random.Random(1)
+    words = "zero one two three four five six seven eight nine".split()
+    text = os.path.join(work, "tiny_lm.txt")
+    with open(text, "w") as f:
+        for i in range(300):
+            f.write("And God said let there be %s and %s\n" % (rng.choice(words), rng.choice(words)))
+    lm = os.path.join(work, "lm")
+    shutil.rmtree(lm, ignore_errors=True)
+    run([qkv, "--threads", "2", "train", "--steps", str(steps), "--preset", "tiny", "--max-len", "96", "--seed", "1",
+         "--task", "lm", "--data", text, "--out", lm, "--tokenizer", "byte"])
+    return lm
+
+
 def error_of(ck, what, status, body, want_status, param=None, needle=None):
     ok = status == want_status and isinstance(body, dict) and "error" in body and \
         isinstance(body["error"].get("message"), str) and "type" in body["error"]

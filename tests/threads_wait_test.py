@@ -14,7 +14,6 @@ Prints one line per check and "N passed, M failed"; exit status 1 if any failed.
 """
 import argparse
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_test import Checks, run  # noqa: E402
+from serve_test import Checks, tiny_lm  # noqa: E402
 
 
 def environ_of(pid):
@@ -49,13 +48,7 @@ def main():
     a = ap.parse_args()
     qkv = os.path.abspath(a.qkv)
     work = tempfile.mkdtemp(prefix="threads_wait.")
-    rng = random.Random(1)
-    with open(os.path.join(work, "text.txt"), "w") as f:
-        for i in range(100):
-            f.write("And God said let there be %d\n" % rng.randrange(100))
-    lm = os.path.join(work, "lm")
-    run([qkv, "train", "--steps", "2", "--preset", "tiny", "--max-len", "64", "--task", "lm", "--data",
-         os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"])
+    lm = tiny_lm(qkv, work, steps=2)
     clean = {k: v for k, v in os.environ.items()
              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "QKV_NO_REEXEC", "QKV_THREADS_WAIT")}
     ck = Checks()
