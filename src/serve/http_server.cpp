@@ -433,9 +433,10 @@ struct Conn : std::enable_shared_from_this<Conn> {
     stream.expires_after(std::chrono::seconds(2));
     drain();
   }
+  std::unique_ptr<std::array<char, 16384>> scratch;  // what linger() reads and drops
   void drain() {
-    auto scratch = std::make_shared<std::array<char, 16384>>();
-    stream.async_read_some(net::buffer(*scratch), [self = shared_from_this(), scratch](error_code ec, size_t) {
+    if (!scratch) scratch = std::make_unique<std::array<char, 16384>>();
+    stream.async_read_some(net::buffer(*scratch), [self = shared_from_this()](error_code ec, size_t) {
       if (ec) return self->close();
       self->drain();
     });
@@ -533,7 +534,9 @@ void Server::run() {
 
 void Server::stop_accepting() {
   impl_->stopping = true;
-  net::post(impl_->ioc, [impl = impl_] {
+  // a raw pointer: the io_context is the Impl's own, so a handler still queued when it is destroyed
+  // must not own the Impl (that cycle would keep both alive)
+  net::post(impl_->ioc, [impl = impl_.get()] {
     error_code ignored;
     impl->acceptor.close(ignored);
     std::vector<std::shared_ptr<Conn>> cs;
