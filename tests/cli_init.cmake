@@ -127,7 +127,14 @@ expect_error("a tokenizer of another size" "the tokenizer has 259 tokens but the
              --task lm --init "${w}/small-hf" --tokenizer byte --data "${w}/text.txt" --out "${w}/no4" --steps 1)
 expect_error("no tokenizer in a Hugging Face folder" "or give --tokenizer" train --task lm --init "${w}/small-hf"
              --data "${w}/text.txt" --out "${w}/no5" --steps 1)
-foreach(d no1 no2 no3 no4 no5)
+# a layer count far beyond the folder's tensors, refused at once (it once planned 10^9 layers first)
+file(COPY "${w}/small-hf/" DESTINATION "${w}/huge-hf")
+file(READ "${w}/huge-hf/config.json" huge)
+string(REPLACE "\"n_layer\": 1," "\"n_layer\": 1000000000," huge "${huge}")
+file(WRITE "${w}/huge-hf/config.json" "${huge}")
+expect_error("--init with n_layer 10^9" "config.json: \"n_layer\" is 1000000000, but" train --task lm
+             --init "${w}/huge-hf" --tokenizer byte --data "${w}/text.txt" --out "${w}/no6" --steps 1)
+foreach(d no1 no2 no3 no4 no5 no6)
   if(EXISTS "${w}/${d}")
     message(FATAL_ERROR "a refused run wrote ${w}/${d}")
   endif()

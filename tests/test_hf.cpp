@@ -4,9 +4,11 @@
 // Face's semantics is tests/hf_parity.py.)
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -192,6 +194,57 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
     const std::string e = error_of([&] { save_hf_model(m, out); });
     for (const std::string& s : k.said) EXPECT_TRUE(has(e, s)) << "expected \"" << s << "\" in: " << e;
     EXPECT_FALSE(fs::exists(out)) << "a refused export wrote " << out;
+  }
+}
+
+// Rewrites keys of DIR/config.json (null removes a key).
+void patch_config(const std::string& dir, const nlohmann::json& changes) {
+  const std::string path = dir + "/config.json";
+  nlohmann::json j = nlohmann::json::parse(testing::read_bytes(path));
+  for (const auto& [k, v] : changes.items()) {
+    if (v.is_null()) {
+      j.erase(k);
+    } else {
+      j[k] = v;
+    }
+  }
+  testing::write_bytes(path, j.dump(2));
+}
+
+TEST(HfLoad, LayerCountsBeyondTheCheckpointAreRefusedBeforePlanning) {
+  // n_layer = 10^9 once planned a rule per layer before comparing tensors: gigabytes, growing
+  TempDir dir("hf_layers");
+  struct Case {
+    ModelConfig cfg;
+    const char* key;
+    const char* held;
+  };
+  const std::vector<Case> cases = {
+      {gpt2_like(true), "n_layer", "layers 0..1 only"},
+      {llama_like(false), "num_hidden_layers", "layers 0..1 only"},
+      {bert_like(Arch::EncoderClassifier), "num_hidden_layers", "layers 0..1 only"},
+      {marian_like(true), "encoder_layers", "layers 0..1 only"},
+      {marian_like(true), "decoder_layers", "layers 0..0 only"},
+  };
+  int i = 0;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.key);
+    Model m(k.cfg);
+    m.init(7);
+    const std::string out = dir / std::string("m").append(std::to_string(i++));
+    save_hf_model(m, out);
+    patch_config(out, {{k.key, 1000000000}});
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string e = error_of([&] { load_hf_model(out); });
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "refused only after planning";
+    for (const std::string& s : {out + "/config.json", std::string("\"") + k.key + "\" is 1000000000",
+                                std::string(k.held), std::string("is missing")})
+      EXPECT_TRUE(has(e, s)) << "expected \"" << s << "\" in: " << e;
+    // fewer layers than the file holds still load (the rest reported unused)
+    patch_config(out, {{k.key, 1}});
+    HfLoadReport report;
+    EXPECT_NO_THROW(load_hf_model(out, &report));
+    EXPECT_EQ(report.unused.empty(), std::string(k.key) == "decoder_layers");  // marian_like has 1 decoder layer
   }
 }
 

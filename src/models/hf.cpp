@@ -707,6 +707,23 @@ std::vector<Rule> rules_for(const std::string& type, const ModelConfig& c, const
   return marian_rules(c, prefix, ignore);
 }
 
+// A stack of layers as config.json counts it: the key, its value, and one tensor each layer i has.
+struct LayerStack {
+  const char* key;
+  int64_t layers;
+  std::string head, tail;  // layer i's probe tensor: head + i + tail
+  std::string probe(int64_t i) const { return head + std::to_string(i) + tail; }
+};
+
+std::vector<LayerStack> layer_stacks(const std::string& type, const ModelConfig& c, const std::string& p) {
+  if (type == "gpt2") return {{"n_layer", c.n_layers, p + "h.", ".ln_1.weight"}};
+  if (type == "llama") return {{"num_hidden_layers", c.n_layers, p + "layers.", ".input_layernorm.weight"}};
+  if (type == "bert")
+    return {{"num_hidden_layers", c.n_layers, p + "encoder.layer.", ".attention.output.dense.weight"}};
+  return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
+          {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
+}
+
 }  // namespace
 
 std::string hf_model_type_for(const ModelConfig& config) { return map_config(config).type; }
@@ -817,6 +834,15 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
       : type == "llama" ? prefix_of(ck, "model.", "embed_tokens.weight")
       : type == "bert"  ? prefix_of(ck, "bert.", "embeddings.word_embeddings.weight")
                         : (ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight") ? "model." : "");
+  // Each stack's layer count against the layers the checkpoint holds, before a rule per layer is
+  // planned (n_layer = 10^9 otherwise built rules until memory ran out).
+  for (const LayerStack& s : layer_stacks(type, cfg, prefix)) {
+    int64_t present = 0;
+    while (present < s.layers && ck.find(resolve(ck, s.probe(present)))) ++present;
+    check(present == s.layers, cfg_path, ": \"", s.key, "\" is ", s.layers, ", but ", ck.describe(), " holds ",
+          present == 0 ? std::string("no layer") : detail::concat("layers 0..", present - 1, " only"), " (tensor \"",
+          s.probe(present), "\" is missing)");
+  }
   std::vector<Rule> rules = rules_for(type, cfg, prefix, ignore);
   for (Rule& r : rules)
     for (Part& p : r.parts) p.name = resolve(ck, p.name);
