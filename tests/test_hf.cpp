@@ -270,6 +270,20 @@ TEST(HfConfig, HostileConfigsGiveOneClearError) {
       {R"({"model_type": "bert", "architectures": ["BertForQuestionAnswering"]})", {"BertForQuestionAnswering"}},
       {R"({"model_type": "marian", "decoder_attention_heads": 8, "encoder_attention_heads": 16})",
        {"decoder_attention_heads"}},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "factor": 8, "rope_theta": 500000}})",
+       {"rope_parameters", "llama3"}},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "factor": 8}})",
+       {"\"rope_parameters\" has \"factor\""}},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000}})",
+       {"\"rope_parameters\".\"rope_type\" is \"llama3\""}},
+      {R"({"model_type": "llama", "rope_parameters": {"type": "linear"}})", {"\"rope_parameters\".\"type\" is \"linear\""}},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}})",
+       {"\"rope_parameters\".\"partial_rotary_factor\" is 0.5"}},
+      {R"({"model_type": "llama", "partial_rotary_factor": 0.25})", {"\"partial_rotary_factor\" is 0.25"}},
+      {R"({"model_type": "llama", "rope_parameters": 500000})", {"\"rope_parameters\" must be an object"}},
+      {R"({"model_type": "llama", "rope_parameters": {"rope_theta": "big"}})", {"rope_parameters", "\"rope_theta\" must be a number"}},
+      {R"({"model_type": "llama", "rope_theta": 10000, "rope_parameters": {"rope_theta": 500000}})",
+       {"\"rope_theta\" is 10000", "\"rope_parameters\".\"rope_theta\" is 500000"}},
       {R"({"model_type": "t5"})", {"model_type", "t5"}},
       {R"({"model_type": 7})", {"model_type"}},
       {R"(["model_type"])", {"object"}},
@@ -287,6 +301,13 @@ TEST(HfConfig, HostileConfigsGiveOneClearError) {
   EXPECT_EQ(g.d_ff, 3072);
   EXPECT_EQ(g.max_len, 1024);
   EXPECT_EQ(g.eos_id, 50256);
+  // transformers' newer layout: RoPE's base inside "rope_parameters" (once read as 10000)
+  EXPECT_EQ(hf_config(R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 500000}})",
+                      "cfg.json").rope_theta, 500000.0);
+  EXPECT_EQ(hf_config(R"({"model_type": "llama", "rope_theta": 250000, "partial_rotary_factor": 1.0,
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 250000, "partial_rotary_factor": 1}})",
+                      "cfg.json").rope_theta, 250000.0);
+  EXPECT_EQ(hf_config(R"({"model_type": "llama", "rope_theta": 250000})", "cfg.json").rope_theta, 250000.0);
 }
 
 }  // namespace

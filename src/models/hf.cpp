@@ -138,6 +138,43 @@ ModelConfig gpt2_config(const Keys& c) {
   return m;
 }
 
+// RoPE's base, from "rope_theta" or transformers' newer "rope_parameters" {"rope_type": "default",
+// "rope_theta": X}; what qkv cannot compute (scaled RoPE, a partial rotation) is refused by key.
+double rope_theta(const Keys& c) {
+  auto partial = [&](const Keys& k, const std::string& key) {
+    if (k.number("partial_rotary_factor", 1.0) != 1.0)
+      throw Error(detail::concat(c.source, ": ", key, " is ", k.j.at("partial_rotary_factor").dump(),
+                                 ": RoPE over part of each head, which qkv does not implement (qkv rotates whole heads: 1.0)"));
+  };
+  partial(c, "\"partial_rotary_factor\"");
+  double theta = c.number("rope_theta", 10000.0);
+  if (!c.has("rope_parameters")) return theta;
+  const json& rp = c.j.at("rope_parameters");
+  check(rp.is_object(), c.source, ": \"rope_parameters\" must be an object such as {\"rope_type\": \"default\", "
+        "\"rope_theta\": 10000}, got ", rp.dump());
+  const Keys r{rp, c.source + ": \"rope_parameters\""};
+  check(!(rp.contains("rope_type") && rp.contains("type")), c.source,
+        ": \"rope_parameters\" has both \"rope_type\" and \"type\"");
+  const char* type_key = rp.contains("type") ? "type" : "rope_type";
+  const std::string type = r.string(type_key, "default");
+  check(type == "default", c.source, ": \"rope_parameters\".\"", type_key, "\" is \"", type,
+        "\": scaled RoPE, which qkv does not implement (qkv supports only \"default\")");
+  for (const auto& [k, v] : rp.items())
+    check(k == "rope_type" || k == "type" || k == "rope_theta" || k == "partial_rotary_factor", c.source,
+          ": \"rope_parameters\" has \"", k, "\" (", v.dump(),
+          "), which qkv does not read (it reads rope_type \"default\", rope_theta and partial_rotary_factor 1.0)");
+  partial(r, "\"rope_parameters\".\"partial_rotary_factor\"");
+  if (r.has("rope_theta")) {
+    const double inner = r.number("rope_theta", theta);
+    if (c.has("rope_theta") && inner != theta)
+      throw Error(detail::concat(c.source, ": \"rope_theta\" is ", c.j.at("rope_theta").dump(),
+                                 " but \"rope_parameters\".\"rope_theta\" is ", rp.at("rope_theta").dump(),
+                                 ": which one is meant?"));
+    theta = inner;
+  }
+  return theta;
+}
+
 ModelConfig llama_config(const Keys& c) {
   ModelConfig m;
   m.arch = Arch::Decoder;
@@ -155,7 +192,7 @@ ModelConfig llama_config(const Keys& c) {
   m.norm_first = true;
   m.final_norm = true;
   m.positional = Positional::Rope;
-  m.rope_theta = c.number("rope_theta", 10000.0);
+  m.rope_theta = rope_theta(c);
   m.max_len = c.integer("max_position_embeddings", 2048);
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   const bool attn_bias = c.boolean("attention_bias", false), mlp_bias = c.boolean("mlp_bias", false);
