@@ -400,6 +400,34 @@ endif()
 expect_error("attend with mismatched heads" "--q ${w}/q.npy, --k ${w}/k7.npy, --v ${w}/v.npy: k and v must agree"
              attend --q "${w}/q.npy" --k "${w}/k7.npy" --v "${w}/v.npy" --out "${w}/z.npy")
 
+# --- a Hugging Face folder (no task.json) whose config.json is broken: config.json and what is
+# wrong with it are named (it was "DIR/task.json: not found")
+set(hf "${w}/hf_broken")
+file(MAKE_DIRECTORY "${hf}")
+expect_error("HF folder without config.json" "${hf}/config.json: not found, and neither is ${hf}/task.json"
+             generate --model "${hf}" --prompt x)
+file(WRITE "${hf}/config.json" "{\"model_type\": \"gpt2\", ")
+expect_error("HF config.json, bad JSON" "${hf}/config.json: not valid JSON" generate --model "${hf}" --prompt x)
+file(WRITE "${hf}/config.json" "{\"model_type\": \"gpt2\", \"n_layer\": 2, \"n_layer\": 3}")
+expect_error("HF config.json, a key twice" "${hf}/config.json: duplicate key \"n_layer\"" generate --model "${hf}" --prompt x)
+execute_process(COMMAND printf "{\"model_type\": \"gpt2\\000\"}" OUTPUT_FILE "${hf}/config.json")
+expect_error("HF config.json with a NUL" "${hf}/config.json: not valid JSON: NUL byte" generate --model "${hf}" --prompt x)
+file(WRITE "${hf}/config.json" "{\"n_layer\": 2}")
+expect_error("HF config.json without model_type" "${hf}/config.json: no \"model_type\", so not a Hugging Face config"
+             generate --model "${hf}" --prompt x)
+file(WRITE "${hf}/config.json" "{\"model_type\": \"gpt2\", \"n_head\": 0}")
+expect_error("HF config.json with a bad value" "${hf}/config.json (gpt2): config: n_heads" generate --model "${hf}" --prompt x)
+file(REMOVE "${hf}/config.json")
+file(MAKE_DIRECTORY "${hf}/config.json")
+expect_error("HF config.json a directory" "${hf}/config.json: config.json is a directory" generate --model "${hf}" --prompt x)
+file(REMOVE_RECURSE "${hf}/config.json")
+execute_process(COMMAND mkfifo "${hf}/config.json" RESULT_VARIABLE rc)
+if(rc EQUAL 0)
+  expect_error("HF config.json a FIFO" "${hf}/config.json: config.json is a FIFO" generate --model "${hf}" --prompt x)
+  expect_error("HF config.json a FIFO (classify)" "${hf}/config.json: config.json is a FIFO" classify --model "${hf}")
+  file(REMOVE "${hf}/config.json")
+endif()
+
 # a classifier whose task.json lists fewer labels than config.json's classes
 file(COPY "${w}/cls/" DESTINATION "${w}/cls_short")
 file(WRITE "${w}/cls_short/task.json" [=[{"task": "classify", "labels": ["even"], "max_len": 64}]=])

@@ -39,10 +39,24 @@ bool is_model_dir(const std::string& path) {
 }
 
 TaskInfo model_task_info(const std::string& dir) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (std::filesystem::exists(dir + "/task.json", ec) || !is_hf_model_dir(dir)) return TaskInfo::load(dir);
+  if (fs::exists(dir + "/task.json", ec)) return TaskInfo::load(dir);
+  // No task.json: a Hugging Face folder, whose config.json says so. What is wrong with it is the
+  // error (a broken config.json was once reported as "DIR/task.json: not found").
   const std::string path = dir + "/config.json";
-  const ModelConfig c = hf_config(read_file(path, "config.json"), path);
+  if (!fs::exists(fs::symlink_status(path, ec)))
+    throw Error(detail::concat(path, ": not found, and neither is ", dir, "/task.json: ", dir,
+                               " is neither a model written by qkv train nor a Hugging Face folder"));
+  const std::string text = read_file(path, "config.json");  // a FIFO, a directory, a dangling link: named
+  check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a config file");
+  const nlohmann::json j = detail::parse_json_object(text, path);  // bad JSON, a key twice, a NUL byte
+  if (!j.contains("model_type")) {
+    if (j.contains("qkv_format")) return TaskInfo::load(dir);  // qkv's own model, without its task.json
+    throw Error(detail::concat(path, ": no \"model_type\", so not a Hugging Face config, and ", dir,
+                               " has no task.json (as a model written by qkv train has)"));
+  }
+  const ModelConfig c = hf_config(text, path);
   TaskInfo t;
   t.max_len = c.positional == Positional::Learned ? c.max_len : 0;
   switch (c.arch) {
@@ -50,7 +64,6 @@ TaskInfo model_task_info(const std::string& dir) {
     case Arch::EncoderDecoder: t.task = Task::Translate; break;
     case Arch::EncoderClassifier: {
       t.task = Task::Classify;
-      const nlohmann::json j = detail::parse_json_object(read_file(path, "config.json"), path);
       for (int64_t k = 0; k < c.num_classes; ++k) {
         const std::string key = std::to_string(k);
         const bool named = j.contains("id2label") && j["id2label"].is_object() && j["id2label"].contains(key) &&
