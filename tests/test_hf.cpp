@@ -284,6 +284,20 @@ TEST(HfConfig, HostileConfigsGiveOneClearError) {
       {R"({"model_type": "llama", "rope_parameters": {"rope_theta": "big"}})", {"rope_parameters", "\"rope_theta\" must be a number"}},
       {R"({"model_type": "llama", "rope_theta": 10000, "rope_parameters": {"rope_theta": 500000}})",
        {"\"rope_theta\" is 10000", "\"rope_parameters\".\"rope_theta\" is 500000"}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+           "id2label": {"0": "old", "1": "old"}})", {"\"id2label\"[\"1\"] is \"old\"", "another label"}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"0": "a", "1": 7}})",
+       {"\"id2label\"[\"1\"] must be a label name", "7"}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"0": "a", "2": "b"}})",
+       {"\"id2label\" has no key \"1\" but has \"2\"", "\"0\" .. \"1\""}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"1": "a", "x": "b"}})",
+       {"\"id2label\" has no key \"0\" but has \"x\""}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": {"0": "a", "01": "b"}})",
+       {"\"id2label\" has no key \"1\" but has \"01\""}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "id2label": ["a", "b"]})",
+       {"\"id2label\" must be an object"}},
+      {R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 3,
+           "id2label": {"0": "a", "1": "b"}})", {"\"num_labels\" is 3 but \"id2label\" names 2 labels"}},
       {R"({"model_type": "t5"})", {"model_type", "t5"}},
       {R"({"model_type": 7})", {"model_type"}},
       {R"(["model_type"])", {"object"}},
@@ -301,6 +315,8 @@ TEST(HfConfig, HostileConfigsGiveOneClearError) {
   EXPECT_EQ(g.d_ff, 3072);
   EXPECT_EQ(g.max_len, 1024);
   EXPECT_EQ(g.eos_id, 50256);
+  EXPECT_EQ(hf_config(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                         "id2label": {"1": "new", "0": "old", "2": "other"}})", "cfg.json").num_classes, 3);
   // transformers' newer layout: RoPE's base inside "rope_parameters" (once read as 10000)
   EXPECT_EQ(hf_config(R"({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 500000}})",
                       "cfg.json").rope_theta, 500000.0);

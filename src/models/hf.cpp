@@ -209,6 +209,33 @@ ModelConfig llama_config(const Keys& c) {
   return m;
 }
 
+// A classifier's "id2label": an object whose keys are exactly "0".."n-1" and whose values are
+// distinct strings (the names qkv classify prints). Returns n.
+int64_t check_id2label(const Keys& c) {
+  const json& m = c.j.at("id2label");
+  check(m.is_object() && !m.empty(), c.source, ": \"id2label\" must be an object {\"0\": \"name\", \"1\": ...}, got ",
+        m.dump());
+  std::set<std::string> seen;
+  for (size_t k = 0; k < m.size(); ++k) {
+    const std::string key = std::to_string(k);
+    if (!m.contains(key)) {
+      std::string other;
+      for (const auto& [name, v] : m.items())
+        if (other.empty() && (name.empty() || name.find_first_not_of("0123456789") != std::string::npos ||
+                              name.size() > 9 || std::stoul(name) >= m.size() || (name.size() > 1 && name[0] == '0')))
+          other = name;
+      throw Error(detail::concat(c.source, ": \"id2label\" has no key \"", key, "\"", other.empty() ? "" : " but has \"",
+                                 other, other.empty() ? "" : "\"", ": its keys must be \"0\" .. \"", m.size() - 1,
+                                 "\", one per label"));
+    }
+    const json& v = m.at(key);
+    check(v.is_string(), c.source, ": \"id2label\"[\"", key, "\"] must be a label name (a string), got ", v.dump());
+    check(seen.insert(v.get<std::string>()).second, c.source, ": \"id2label\"[\"", key, "\"] is ", v.dump(),
+          ", a name another label has: each label needs its own name");
+  }
+  return static_cast<int64_t>(m.size());
+}
+
 ModelConfig bert_config(const Keys& c, const json& j) {
   ModelConfig m;
   // the head: from "architectures" (BertForMaskedLM, BertForSequenceClassification; BertModel or
@@ -254,8 +281,12 @@ ModelConfig bert_config(const Keys& c, const json& j) {
     m.pooling = Pooling::First;
     m.pooler = true;
     int64_t labels = c.integer("num_labels", 0);
-    if (labels == 0 && j.contains("id2label") && j.at("id2label").is_object())
-      labels = static_cast<int64_t>(j.at("id2label").size());
+    if (c.has("id2label")) {
+      const int64_t named = check_id2label(c);
+      check(labels == 0 || labels == named, c.source, ": \"num_labels\" is ", labels, " but \"id2label\" names ",
+            named, " labels");
+      labels = named;
+    }
     if (labels == 0) labels = 2;  // Hugging Face's default
     check(labels >= 2, c.source, ": ", labels, " label: a single-output BertForSequenceClassification is a regression, "
           "which qkv does not implement");
