@@ -105,11 +105,19 @@ expect_contains("${bert_config}" "BertForMaskedLM" "bert export")
 run_qkv(0 out err --threads 2 train --task classify --init "${w}/bert-hf" --tokenizer byte --data "${w}/labels.tsv"
         --out "${w}/cls" --steps 6 --max-len 24)
 expect_contains("${err}" "a new 2-class head (pooler + classifier)" "classifier head")
-run_qkv_stdin(0 "${w}/labels.tsv" out err --threads 1 classify --model "${w}/cls")
-# and the classifier exports as BertForSequenceClassification
+run_qkv_stdin(0 "${w}/labels.tsv" cls_out err --threads 1 classify --model "${w}/cls")
+# and the classifier exports as BertForSequenceClassification, its classes named as trained (they
+# were once exported as LABEL_0 / LABEL_1): the exported folder classifies identically
 run_qkv(0 out err export --model "${w}/cls" --out "${w}/cls-hf")
 file(READ "${w}/cls-hf/config.json" cls_config)
 expect_contains("${cls_config}" "BertForSequenceClassification" "classifier export")
+expect_contains("${cls_config}" "\"even\"" "classifier export's id2label")
+expect_contains("${cls_config}" "\"odd\"" "classifier export's id2label")
+run_qkv_stdin(0 "${w}/labels.tsv" cls_hf_out err --threads 1 classify --model "${w}/cls-hf")
+expect_not_contains("${cls_hf_out}" "LABEL_" "classify on the exported classifier")
+if(NOT cls_out STREQUAL cls_hf_out)
+  message(FATAL_ERROR "classify: the exported classifier printed\n${cls_hf_out}\nthe qkv directory\n${cls_out}")
+endif()
 
 # refusals, each before anything is written
 expect_error("task against architecture" "--task translate fine-tunes an encoder-decoder" train --task translate

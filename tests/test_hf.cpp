@@ -197,6 +197,26 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
   }
 }
 
+// A classifier's class names become id2label / label2id (they were always LABEL_0, LABEL_1, ...);
+// names that do not fit the classifier are refused before anything is written.
+TEST(HfExport, ClassifierLabelsNameTheClasses) {
+  TempDir dir("hf_labels");
+  Model m(bert_like(Arch::EncoderClassifier));  // 3 classes
+  m.init(5);
+  save_hf_model(m, dir / "named", {"old", "new", "other"});
+  const nlohmann::json j = nlohmann::json::parse(testing::read_bytes(dir / "named/config.json"));
+  EXPECT_EQ(j.at("id2label"), nlohmann::json({{"0", "old"}, {"1", "new"}, {"2", "other"}}));
+  EXPECT_EQ(j.at("label2id"), nlohmann::json({{"old", 0}, {"new", 1}, {"other", 2}}));
+  EXPECT_EQ(hf_config(testing::read_bytes(dir / "named/config.json"), "cfg.json").num_classes, 3);
+  save_hf_model(m, dir / "unnamed");
+  EXPECT_TRUE(has(testing::read_bytes(dir / "unnamed/config.json"), "\"LABEL_2\""));
+  EXPECT_TRUE(has(error_of([&] { save_hf_model(m, dir / "twice", {"a", "b", "a"}); }), "\"a\" is given twice"));
+  EXPECT_TRUE(has(error_of([&] { save_hf_model(m, dir / "two", {"a", "b"}); }), "2 label names for a classifier of num_classes = 3"));
+  Model lm(gpt2_like(true));
+  EXPECT_TRUE(has(error_of([&] { save_hf_model(lm, dir / "lm", {"a", "b"}); }), "not a classifier"));
+  for (const char* d : {"twice", "two", "lm"}) EXPECT_FALSE(fs::exists(dir / d)) << d;
+}
+
 // Rewrites keys of DIR/config.json (null removes a key).
 void patch_config(const std::string& dir, const nlohmann::json& changes) {
   const std::string path = dir + "/config.json";

@@ -258,7 +258,19 @@ int run_export(const ExportCmd& o) {
   if (tok)
     check(tok->vocab_size() <= m.config().vocab_size, o.model, ": the tokenizer's vocabulary (", tok->vocab_size(),
           ") is larger than the model's (", m.config().vocab_size, ")");
-  save_hf_model(m, o.out);
+  // a classifier's class names (task.json's labels, or a Hugging Face folder's id2label) become
+  // id2label; a classifier without them (qkv init) exports LABEL_0, LABEL_1, ...
+  std::vector<std::string> labels;
+  std::error_code ec;
+  if (m.config().arch == Arch::EncoderClassifier &&
+      (fs::exists(o.model + "/task.json", ec) || is_hf_model_dir(o.model))) {
+    const TaskInfo info = model_task_info(o.model);
+    check(info.task == Task::Classify && static_cast<int64_t>(info.labels.size()) == m.config().num_classes, o.model,
+          ": task.json describes ", info.task == Task::Classify ? detail::concat(info.labels.size(), " labels") : "no classifier",
+          ", but the model has num_classes = ", m.config().num_classes);
+    labels = info.labels;
+  }
+  save_hf_model(m, o.out, labels);
   std::string files = "config.json, model.safetensors";
   if (tok)
     for (const std::string& f : tok->save_hf(o.out)) files += ", " + f;

@@ -56,8 +56,10 @@ std::string hf_model_type_for(const ModelConfig& config);
 
 // Writes `model` as a Hugging Face folder: config.json and model.safetensors (float32, each
 // atomically), named as Hugging Face names them, so that transformers and qkv both load it with
-// the same logits. A model that does not map is refused before anything is written. Returns the
+// the same logits. A classifier's id2label / label2id name its classes by `labels` (as many as
+// num_classes, each distinct), or LABEL_0, LABEL_1, ... when `labels` is empty. A model that does
+// not map, or labels that do not fit it, are refused before anything is written. Returns the
 // model_type written.
-std::string save_hf_model(const Model& model, const std::string& dir);
+std::string save_hf_model(const Model& model, const std::string& dir, const std::vector<std::string>& labels = {});
 
 }  // namespace qkv

@@ -635,7 +635,7 @@ struct Mapping {
   json config;
 };
 
-Mapping map_config(const ModelConfig& c) {
+Mapping map_config(const ModelConfig& c, const std::vector<std::string>& labels = {}) {
   auto need = [&](bool ok, const std::string& type, const std::string& setting, const char* why) {
     if (!ok)
       throw Error(detail::concat("config: ", setting, " does not map onto Hugging Face's ", type, " (", why, ")"));
@@ -750,9 +750,13 @@ Mapping map_config(const ModelConfig& c) {
     if (c.arch == Arch::EncoderClassifier) {
       j["num_labels"] = c.num_classes;
       json id2label = json::object(), label2id = json::object();
+      check(labels.empty() || static_cast<int64_t>(labels.size()) == c.num_classes, "export: ", labels.size(),
+            " label names for a classifier of num_classes = ", c.num_classes);
       for (int64_t k = 0; k < c.num_classes; ++k) {
-        id2label[std::to_string(k)] = "LABEL_" + std::to_string(k);
-        label2id["LABEL_" + std::to_string(k)] = k;
+        const std::string name = labels.empty() ? "LABEL_" + std::to_string(k) : labels[static_cast<size_t>(k)];
+        check(!label2id.contains(name), "export: the label name \"", name, "\" is given twice");
+        id2label[std::to_string(k)] = name;
+        label2id[name] = k;
       }
       j["id2label"] = id2label;
       j["label2id"] = label2id;
@@ -796,9 +800,11 @@ std::vector<LayerStack> layer_stacks(const std::string& type, const ModelConfig&
 
 std::string hf_model_type_for(const ModelConfig& config) { return map_config(config).type; }
 
-std::string save_hf_model(const Model& model, const std::string& dir) {
+std::string save_hf_model(const Model& model, const std::string& dir, const std::vector<std::string>& labels) {
   const ModelConfig& c = model.config();
-  const Mapping m = map_config(c);
+  check(labels.empty() || c.arch == Arch::EncoderClassifier, "export: label names given for ", arch_name(c.arch),
+        ", which is not a classifier");
+  const Mapping m = map_config(c, labels);
   // the names Hugging Face's own classes save under
   const std::string prefix = m.type == "gpt2"    ? "transformer."
                              : m.type == "llama" ? "model."
