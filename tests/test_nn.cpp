@@ -8,13 +8,17 @@
 // is |fd - analytic| <= 3e-3 * (1 + max|analytic|) + 2e-2 * |analytic|. A wrong backward (a
 // missing term, a transposed index) is off by O(1) and fails it by orders of magnitude.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -557,6 +561,75 @@ TEST(Models, LoadRefusesAConfigTheWeightsCannotHold) {
   EXPECT_NE(e.find("config.json: the config implies"), std::string::npos) << e;
   EXPECT_NE(e.find("n_layers = 100000000 layers"), std::string::npos) << e;
   EXPECT_NE(e.find("model.safetensors holds only"), std::string::npos) << e;
+}
+
+// A float exactly representable in IEEE half precision (normal or zero), as its 16 bits.
+uint16_t exact_half(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) == 0) return static_cast<uint16_t>(u >> 16);
+  const uint32_t sign = (u >> 16) & 0x8000u, exp = ((u >> 23) & 0xffu) - 127 + 15, mant = (u >> 13) & 0x3ffu;
+  return static_cast<uint16_t>(sign | (exp << 10) | mant);
+}
+
+// The model's weights as an F16 safetensors file (documented as read and converted to float32).
+std::string f16_safetensors(const Model& m) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const auto& [name, t] : m.state_dict()) {
+    const size_t begin = data.size();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const uint16_t h = exact_half(t.data<float>()[i]);
+      data.push_back(static_cast<char>(h & 0xff));
+      data.push_back(static_cast<char>(h >> 8));
+    }
+    header[name] = {{"dtype", "F16"}, {"shape", t.shape()}, {"data_offsets", {begin, data.size()}}};
+  }
+  const std::string h = header.dump();
+  std::string out(8, '\0');
+  for (int k = 0; k < 8; ++k) out[static_cast<size_t>(k)] = static_cast<char>((h.size() >> (8 * k)) & 0xff);
+  return out + h + data;
+}
+
+// Model::load's check of the config against the weights file comes after the reader's own checks
+// and counts values, not bytes: an F16 file loads (it was refused as "the two files do not belong
+// together"), and a truncated file, a directory or a FIFO gets the reader's precise message.
+TEST(Models, LoadChecksTheWeightsFileBeforeItsSizeAndAcceptsF16) {
+  testing::TempDir dir("nn_f16");
+  ModelConfig c = tiny(Arch::Decoder);
+  c.vocab_size = 2000;  // most of the parameters in one table
+  Model m(c);
+  m.init(3);
+  int64_t k = 0;
+  for (const auto& [name, t] : m.state_dict())
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>((k++ % 17) - 8) / 16.0f;
+  const std::string d = dir.path().string(), w = dir / "model.safetensors";
+  m.save(d);
+  const std::string f16 = f16_safetensors(m);
+  ASSERT_LT(f16.size(), static_cast<size_t>(4 * m.num_parameters()));  // what the old check refused
+  testing::write_bytes(w, f16);
+  const Model back = Model::load(d);
+  for (const auto& [name, t] : m.state_dict()) {
+    const Tensor& b = back.find(name)->var->value;
+    ASSERT_EQ(b.shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(b.data<float>(), t.data<float>(), t.nbytes()), 0) << name << " differs after F16";
+  }
+  // a file cut short: the reader's message, naming the file
+  testing::write_bytes(w, f16.substr(0, f16.size() / 2));
+  std::string e = error_of([&] { Model::load(d); });
+  EXPECT_NE(e.find(w), std::string::npos) << e;
+  EXPECT_EQ(e.find("do not belong together"), std::string::npos) << e;
+  EXPECT_NE(e.find("run past the end of the data section"), std::string::npos) << e;
+  std::filesystem::remove(w);
+  std::filesystem::create_directory(w);
+  e = error_of([&] { Model::load(d); });
+  EXPECT_NE(e.find(w + ": "), std::string::npos) << e;
+  EXPECT_NE(e.find("a directory"), std::string::npos) << e;
+  std::filesystem::remove(w);
+  ASSERT_EQ(::mkfifo(w.c_str(), 0600), 0);
+  e = error_of([&] { Model::load(d); });
+  EXPECT_NE(e.find("is a FIFO"), std::string::npos) << e;
+  EXPECT_EQ(e.find("do not belong together"), std::string::npos) << e;
 }
 
 // check_batch names each tensor as the caller calls it and says what was expected.
