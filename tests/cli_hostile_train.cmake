@@ -100,6 +100,12 @@ run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/nos
 expect_contains("${out}" "no validation split" "--valid-fraction 0")
 expect_missing("${w}/nosplit/test.tsv" "--test-fraction 0")
 expect_error("eval without a test split" "has no held-out test split" eval --model "${w}/nosplit")
+# held-out splits that leave nothing to train on are refused (not trained with the test split dropped)
+expect_error("--valid-fraction 0.5 --test-fraction 0.5"
+             "--valid-fraction 0.5 and --test-fraction 0.5 hold out the whole corpus, leaving nothing to train on"
+             train --task translate --data "${w}/pairs.tsv" --out "${w}/halves" ${quick} --valid-fraction 0.5
+             --test-fraction 0.5)
+expect_missing("${w}/halves" "--valid-fraction 0.5 --test-fraction 0.5")
 
 # --- SentencePiece: a vocabulary too small for the characters says which size is needed; one
 # larger than the corpus supports is reported; a file that is not a model is named

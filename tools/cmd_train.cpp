@@ -290,6 +290,8 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
     check(!fs::exists(o.out, ec) || fs::is_directory(o.out, ec), "--out ", o.out,
           ": exists and is not a directory");
   }
+  check(o.valid_fraction + o.test_fraction < 1, "--valid-fraction ", o.valid_fraction, " and --test-fraction ",
+        o.test_fraction, " hold out the whole corpus, leaving nothing to train on: together they must be below 1");
   check(o.init.empty() || o.config.empty(), "--init ", o.init, " and --config ", o.config,
         " exclude each other: the model to fine-tune brings its own config");
   check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
