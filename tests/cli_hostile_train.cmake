@@ -132,6 +132,14 @@ expect_missing("${w}/v300" "--vocab too small")
 run_qkv(0 out err train --task classify --data "${w}/labels.tsv" --out "${w}/v16k" --preset tiny --steps 1
         --vocab 16000)
 expect_contains("${err}" "SentencePiece pieces, not the 16000 asked for" "a vocabulary below --vocab is reported")
+# a corpus that is one long line (SentencePiece trains on lines of up to 4192 bytes): named, with
+# what to do, not "SentencePiece training failed: no reason given"
+string(REPEAT "word " 20000 one_line)
+file(WRITE "${w}/one_line.txt" "${one_line}\n")
+expect_error("a one-line corpus" "one_line.txt (training split): train_sentencepiece: every sentence is longer than"
+             train --task lm --data "${w}/one_line.txt" --out "${w}/one_line" --preset tiny --steps 1)
+expect_contains("${last_err}" "(--tokenizer byte)" "a one-line corpus")
+expect_missing("${w}/one_line" "a one-line corpus")
 file(WRITE "${w}/junk.model" "not a model")
 expect_error("a file that is not a SentencePiece model" "junk.model: not a SentencePiece model" train --task lm
              --data "${w}/short.txt" --tokenizer "${w}/junk.model" --out "${w}/junk" --steps 1)

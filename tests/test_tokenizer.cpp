@@ -531,6 +531,10 @@ TEST(SentencePiece, RejectsBadOptionsSentencesAndModels) {
   expect_mentions(train([](auto& o) { o.max_sentences = 0; }, sentences), {"max_sentences 0"});
   expect_mentions(train(none, {}), {"no sentences"});
   expect_mentions(train(none, {"fine", "bad \xC0\xAF"}), {"sentence 1", "not valid UTF-8", "byte offset 4 "});
+  // Only sentences longer than SentencePiece's limit (a corpus that is one 10 MB line): named, not
+  // "SentencePiece training failed: no reason given".
+  expect_mentions(train(none, {std::string(5000, 'a'), std::string(4193, 'b')}),
+                  {"every sentence is longer than the 4192 bytes", "sentence 0, 5000 bytes", "shorter lines"});
   // Too small for the 256 byte pieces: SentencePiece's own message comes through.
   expect_mentions(train([](auto& o) { o.vocab_size = 100; }, sentences), {"SentencePiece training failed"});
   expect_mentions(error_of([] { qkv::parse_sentencepiece("not a model proto", "m.model"); }),

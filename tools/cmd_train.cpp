@@ -229,6 +229,8 @@ std::unique_ptr<Tokenizer> train_tokenizer(const RawData& train_raw, const Sente
         fail("--vocab ", so.vocab_size, " is too small for ", train_raw.describe(), ": its characters alone need ",
              chars, " pieces; give --vocab ", chars, " or more (or --tokenizer byte)");
     }
+    if (what.find("every sentence is longer than") != std::string::npos)
+      fail(train_raw.describe(), ": ", what, " (--tokenizer byte)");
     throw;
   }
 }

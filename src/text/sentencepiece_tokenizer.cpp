@@ -559,6 +559,18 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& s
   check(opt.threads >= 1 && opt.threads <= 128, ctx, "threads ", opt.threads, " (expected 1 .. 128)");
   check(!sentences.empty(), ctx, "no sentences to train on");
   for (size_t i = 0; i < sentences.size(); ++i) check_utf8(sentences[i], detail::concat(ctx, "sentence ", i));
+  // SentencePiece skips, without a word, every sentence longer than its max_sentence_length; with
+  // none left it failed with no reason given (a corpus that is one 10 MB line).
+  constexpr size_t kMaxSentenceBytes = 4192;  // SentencePiece's default, passed explicitly below
+  size_t longest = 0;
+  bool any_fits = false;
+  for (size_t i = 0; i < sentences.size(); ++i) {
+    any_fits = any_fits || sentences[i].size() <= kMaxSentenceBytes;
+    if (sentences[i].size() > sentences[longest].size()) longest = i;
+  }
+  check(any_fits, ctx, "every sentence is longer than the ", kMaxSentenceBytes,
+        " bytes SentencePiece trains on (the longest is sentence ", longest, ", ", sentences[longest].size(),
+        " bytes): split the text into shorter lines, or use a byte tokenizer");
 
   // Lossless by construction: identity normalisation, spaces kept, unknown characters as bytes.
   const std::unordered_map<std::string, std::string> args = {
@@ -566,6 +578,7 @@ std::unique_ptr<Tokenizer> train_sentencepiece(const std::vector<std::string>& s
       {"vocab_size", std::to_string(opt.vocab_size)},
       {"character_coverage", exact(opt.character_coverage)},
       {"input_sentence_size", std::to_string(opt.max_sentences)},
+      {"max_sentence_length", std::to_string(kMaxSentenceBytes)},
       {"shuffle_input_sentence", "true"},
       {"num_threads", std::to_string(opt.threads)},
       {"pad_id", "0"},
