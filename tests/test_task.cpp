@@ -192,6 +192,25 @@ TEST(Task, LearnsAndKeepsTheBestWeights) {
   EXPECT_NEAR(evaluate(best, Task::Classify, valid, 64).loss, r.best_valid_loss, 1e-6);
 }
 
+// metrics.jsonl is written before the checkpoint: a run that dies between the two (here: the
+// checkpoint cannot be written) keeps the metrics of every step up to it. (Written the other way
+// round, a kill -9 after the checkpoint's rename lost those lines for good: the resumed run starts
+// after them.)
+TEST(Task, MetricsAreWrittenBeforeTheCheckpoint) {
+  const std::vector<Example> train = make_examples(Task::LanguageModel, 30, 9);
+  TempDir dir("task_metrics_first");
+  std::filesystem::create_directory(dir / "checkpoint.safetensors");  // the checkpoint's write fails
+  Model m(config_for(Task::LanguageModel));
+  m.init(1);
+  Trainer t(m, train_config());
+  LoopConfig lc = loop(8);  // evaluations at steps 4 and 8
+  EXPECT_THROW(run_training(t, Task::LanguageModel, train, {}, dir.path().string(), lc, false), Error);
+  EXPECT_EQ(t.steps_done(), 4);
+  const std::string metrics = testing::read_bytes(dir / "metrics.jsonl");
+  for (const char* step : {"\"step\":1,", "\"step\":2,", "\"step\":3,", "\"step\":4,"})
+    EXPECT_NE(metrics.find(step), std::string::npos) << step << " missing from metrics.jsonl:\n" << metrics;
+}
+
 TEST(Task, StopFlagCheckpointsAndReturns) {
   const std::vector<Example> train = make_examples(Task::LanguageModel, 30, 9);
   TempDir dir("task_stop");

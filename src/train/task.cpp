@@ -610,8 +610,10 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     metrics.push_back(m);
     metrics_text += metric_line(m, extra) + "\n";
     if (eval_now) {
-      save_checkpoint();
+      // metrics first: a kill between the two writes leaves lines past the checkpoint's step (the
+      // resumed run drops and redoes them), never a checkpoint whose steps have no lines
       write_file_atomic(metrics_path, metrics_text);
+      save_checkpoint();
       write_curve(out_dir, metrics, task);
     }
     p.fraction = fraction();
@@ -637,9 +639,10 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     metrics.push_back(m);
     metrics_text += metric_line(m, {{"valid_accuracy", ev.accuracy}}) + "\n";
   }
-  // Interrupted or out of time between evaluations: the last state is saved either way.
-  save_checkpoint();
+  // Interrupted or out of time between evaluations: the last state is saved either way (the
+  // metrics first, as above).
   write_file_atomic(metrics_path, metrics_text);
+  save_checkpoint();
   write_curve(out_dir, metrics, task);
   struct stat st{};
   if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
