@@ -135,6 +135,23 @@ expect_error("a tokenizer of another size" "the tokenizer has 259 tokens but the
              --task lm --init "${w}/small-hf" --tokenizer byte --data "${w}/text.txt" --out "${w}/no4" --steps 1)
 expect_error("no tokenizer in a Hugging Face folder" "or give --tokenizer" train --task lm --init "${w}/small-hf"
              --data "${w}/text.txt" --out "${w}/no5" --steps 1)
+# weights that are not finite: refused (every step was skipped and the run said "trained")
+file(WRITE "${w}/nan.json" "{\"arch\": \"decoder\", \"vocab_size\": 259, \"d_model\": 8, \"n_heads\": 2, \
+\"d_ff\": 8, \"n_layers\": 1, \"positional\": \"learned\", \"max_len\": 32, \"norm_first\": true, \"pad_id\": 0}")
+run_qkv(0 out err init --config "${w}/nan.json" --out "${w}/nan")
+file(READ "${w}/nan/model.safetensors" st HEX)
+string(LENGTH "${st}" n)
+math(EXPR n "${n} - 8")
+string(SUBSTRING "${st}" 0 ${n} st)
+string(APPEND st "0000c07f")  # the last float32: NaN
+string(REGEX REPLACE "([0-9a-f][0-9a-f])" "\\\\x\\1" st "${st}")
+execute_process(COMMAND printf "${st}" OUTPUT_FILE "${w}/nan/model.safetensors" RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "writing ${w}/nan/model.safetensors failed")
+endif()
+expect_error("--init from NaN weights" "--init ${w}/nan: its weights are not finite (" train --task lm
+             --init "${w}/nan" --tokenizer byte --data "${w}/text.txt" --out "${w}/no7" --steps 2 --max-len 16)
+expect_contains("${last_err}" "holds nan at flat index" "--init from NaN weights")
 # a layer count far beyond the folder's tensors, refused at once (it once planned 10^9 layers first)
 file(COPY "${w}/small-hf/" DESTINATION "${w}/huge-hf")
 file(READ "${w}/huge-hf/config.json" huge)
@@ -142,7 +159,7 @@ string(REPLACE "\"n_layer\": 1," "\"n_layer\": 1000000000," huge "${huge}")
 file(WRITE "${w}/huge-hf/config.json" "${huge}")
 expect_error("--init with n_layer 10^9" "config.json: \"n_layer\" is 1000000000, but" train --task lm
              --init "${w}/huge-hf" --tokenizer byte --data "${w}/text.txt" --out "${w}/no6" --steps 1)
-foreach(d no1 no2 no3 no4 no5 no6)
+foreach(d no1 no2 no3 no4 no5 no6 no7)
   if(EXISTS "${w}/${d}")
     message(FATAL_ERROR "a refused run wrote ${w}/${d}")
   endif()

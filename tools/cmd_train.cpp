@@ -298,7 +298,17 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
         " exclude each other: the model to fine-tune brings its own config");
   check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
   std::unique_ptr<Model> init_model;
-  if (!o.init.empty()) init_model = std::make_unique<Model>(load_model(o.init));
+  if (!o.init.empty()) {
+    init_model = std::make_unique<Model>(load_model(o.init));
+    // weights that are not finite train nothing: every step would be skipped, the run "trained"
+    for (const Parameter& prm : init_model->parameters()) {
+      const Tensor& t = prm.var->value;
+      const float* v = t.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i)
+        check(std::isfinite(v[i]), "--init ", o.init, ": its weights are not finite (", prm.name, " ",
+              shape_str(t.shape()), " holds ", v[i], " at flat index ", i, "): there is nothing to fine-tune");
+    }
+  }
   const Task task = parse_task(o.task);
   const Preset p = preset_of(o.preset, task);
   if (o.max_tokens <= 0) o.max_tokens = p.max_tokens;
