@@ -63,7 +63,7 @@ if(rc EQUAL 0)
                --out "${w}/fifo_run" ${quick})
   expect_missing("${w}/fifo_run" "a FIFO as --data")
   expect_error("a FIFO as --config" "fifo.tsv: config.json is a FIFO (named pipe), not a regular file" train --task translate --data
-               "${w}/pairs.tsv" --config "${w}/fifo.tsv" --out "${w}/fifo_cfg" ${quick})
+               "${w}/pairs.tsv" --config "${w}/fifo.tsv" --out "${w}/fifo_cfg" --tokenizer byte --steps 2)
 endif()
 
 # --- the learned position table: sized from --max-len; a config's table too small is refused
@@ -106,6 +106,18 @@ expect_error("--valid-fraction 0.5 --test-fraction 0.5"
              train --task translate --data "${w}/pairs.tsv" --out "${w}/halves" ${quick} --valid-fraction 0.5
              --test-fraction 0.5)
 expect_missing("${w}/halves" "--valid-fraction 0.5 --test-fraction 0.5")
+
+# --- options the run would not use: --preset with --config, --vocab / --spm-type with a given tokenizer
+expect_error("--preset with --config" "--preset small and --config ${w}/small.json exclude each other" train --task lm
+             --data "${w}/short.txt" --out "${w}/preset_cfg" --config "${w}/small.json" --preset small --max-len 16 --tokenizer byte
+             --steps 1)
+expect_error("--tokenizer with --vocab" "--vocab 8000 applies to the SentencePiece vocabulary qkv trains, but the tokenizer is given (--tokenizer byte)"
+             train --task lm --data "${w}/short.txt" --out "${w}/tok_vocab" --tokenizer byte --vocab 8000 --steps 1)
+expect_error("--tokenizer with --spm-type" "--spm-type bpe applies to the SentencePiece vocabulary" train --task lm
+             --data "${w}/short.txt" --out "${w}/tok_spm" --tokenizer byte --spm-type bpe --steps 1)
+foreach(d preset_cfg tok_vocab tok_spm)
+  expect_missing("${w}/${d}" "a refused run")
+endforeach()
 
 # --- SentencePiece: a vocabulary too small for the characters says which size is needed; one
 # larger than the corpus supports is reported; a file that is not a model is named
@@ -169,6 +181,12 @@ file(WRITE "${w}/run/train.json" "${bad}")
 expect_error("train.json with a key twice" "train.json: duplicate key \"max_tokens\"" train --out "${w}/run"
              --resume --steps 4)
 file(WRITE "${w}/run/train.json" "${train_json}")
+# options a resumed run would not use are refused by name (they were silently ignored)
+expect_error("--resume with --lr, --preset, --vocab"
+             "train.json) and its checkpoint's model, learning-rate schedule and tokenizer: --preset, --vocab, --lr would be ignored"
+             train --out "${w}/run" --resume --steps 4 --lr 50 --preset base --vocab 300)
+expect_error("--resume with --tokenizer" "--tokenizer would be ignored" train --out "${w}/run" --resume --steps 4
+             --tokenizer byte)
 file(APPEND "${w}/pairs.tsv" "ten\t10\n")
 expect_error("the data changed since the run started" "pairs.tsv has changed since the run started" train
              --out "${w}/run" --resume --steps 4)

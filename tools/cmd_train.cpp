@@ -7,6 +7,7 @@
 // model.safetensors (the best validation loss), qkv_tokenizer.json (+ its files), task.json,
 // train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
 // and the held-out test split (test.tsv or test.txt) for `qkv eval`.
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +41,38 @@ struct Options : RunOptions {
   double bucket_mb = 4;
   double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;
   bool resume = false, task_given = false;
+  std::vector<std::string> given;  // the options on the command line, as named there
 };
+
+// The options a run would not use, refused by name rather than ignored: --resume takes its run's
+// options from train.json and its model and schedule from the checkpoint (only the limits and
+// the batch's partition are new); a model from --config or --init has no use for --preset's
+// sizes; a tokenizer that is given (or comes with --init) is not trained, so --vocab and
+// --spm-type do nothing.
+void refuse_unused_options(const Options& o) {
+  auto given = [&](const char* name) { return std::find(o.given.begin(), o.given.end(), name) != o.given.end(); };
+  if (o.resume) {
+    std::string unused;
+    for (const std::string& n : o.given)
+      if (n != "--out" && n != "--resume" && n != "--task" && n != "--steps" && n != "--epochs" && n != "--minutes" &&
+          n != "--parts" && n != "--bucket-mb")
+        unused += (unused.empty() ? "" : ", ") + n;
+    check(unused.empty(), "--resume continues the run in ", o.out, " with the options it started with (", o.out,
+          "/train.json) and its checkpoint's model, learning-rate schedule and tokenizer: ", unused,
+          " would be ignored. Give only the limits (--steps, --epochs, --minutes), or start a new run with another --out");
+  }
+  check(!given("--preset") || (o.config.empty() && o.init.empty()), "--preset ", o.preset, " and ",
+        o.config.empty() ? "--init " + o.init : "--config " + o.config,
+        " exclude each other: the model's size comes from ", o.config.empty() ? "the model to fine-tune" : "the config",
+        " (give --max-tokens, --max-len and --warmup for the other things a preset sets)");
+  for (const char* spm : {"--vocab", "--spm-type"})
+    check(!given(spm) || (o.tokenizer.empty() && o.init.empty()), spm, " ",
+          std::string(spm) == "--vocab" ? std::to_string(o.vocab) : o.spm_type,
+          " applies to the SentencePiece vocabulary qkv trains, but the tokenizer is given (",
+          o.tokenizer.empty() ? "--init " + o.init + "'s own" : "--tokenizer " + o.tokenizer,
+          "): leave it out", o.tokenizer.empty() ? "" : ", or leave out --tokenizer to train one");
+}
+
 
 // The presets: sizes that train in minutes (tiny), tens of minutes (small), or hours (base: the
 // 2017 base model) on two cores.
@@ -297,6 +329,7 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   check(o.init.empty() || o.config.empty(), "--init ", o.init, " and --config ", o.config,
         " exclude each other: the model to fine-tune brings its own config");
   check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
+  refuse_unused_options(o);
   std::unique_ptr<Model> init_model;
   if (!o.init.empty()) {
     init_model = std::make_unique<Model>(load_model(o.init));
@@ -674,8 +707,10 @@ Runner add_train(CLI::App& app) {
                 "Under mpirun: gradients are summed over the ranks in buckets of this many MiB, each as soon as the "
                 "backward pass has finished it (default 4; the results do not depend on it)")
       ->transform(finite(0.001, 1024));
-  return [o, task_opt] {
+  return [o, task_opt, c] {
     o->task_given = task_opt->count() > 0;
+    for (const CLI::Option* op : c->get_options())
+      if (op->count() > 0) o->given.push_back(op->get_name());
     return run(*o);
   };
 }
