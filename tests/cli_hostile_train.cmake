@@ -187,6 +187,17 @@ expect_error("--resume with --lr, --preset, --vocab"
              train --out "${w}/run" --resume --steps 4 --lr 50 --preset base --vocab 300)
 expect_error("--resume with --tokenizer" "--tokenizer would be ignored" train --out "${w}/run" --resume --steps 4
              --tokenizer byte)
+# train.json naming another data file than the one it recorded (an edit) is refused
+string(REPLACE "\"data\": \"${w}/pairs.tsv\"" "\"data\": \"${w}/other.tsv\"" bad "${train_json}")
+if(bad STREQUAL train_json)
+  message(FATAL_ERROR "train.json has no \"data\": \"${w}/pairs.tsv\" to change:\n${train_json}")
+endif()
+file(WRITE "${w}/run/train.json" "${bad}")
+file(WRITE "${w}/other.tsv" "${tsv}one more\tline\n")
+expect_error("train.json naming another data file"
+             "train.json names the data ${w}/other.tsv but records the run's data files as ${w}/pairs.tsv" train
+             --out "${w}/run" --resume --steps 4)
+file(WRITE "${w}/run/train.json" "${train_json}")
 file(APPEND "${w}/pairs.tsv" "ten\t10\n")
 expect_error("the data changed since the run started" "pairs.tsv has changed since the run started" train
              --out "${w}/run" --resume --steps 4)

@@ -221,6 +221,15 @@ void check_data_unchanged(const Options& o, const std::string& path) {
                  "cannot be checked for changes\n", path.c_str());
     return;
   }
+  // the files train.json names must be the ones it recorded (an edited "data" once trained on
+  // another file, unchecked)
+  std::string named, recorded;
+  for (const std::string* p : {&o.data, &o.source, &o.target})
+    if (!p->empty()) named += (named.empty() ? "" : ", ") + *p;
+  for (const DataFile& f : o.data_files) recorded += (recorded.empty() ? "" : ", ") + f.path;
+  check(named == recorded, "--resume: ", path, " names the data ", named.empty() ? "(none)" : named,
+        " but records the run's data files as ", recorded.empty() ? "(none)" : recorded,
+        ": the file was edited. Restore it, or start a new run with another --out");
   for (const DataFile& f : o.data_files) {
     const json now = file_identity(f.path);
     check(now["bytes"].get<uint64_t>() == f.bytes && now["fnv1a64"].get<std::string>() == f.fnv1a64, "--resume: ",
