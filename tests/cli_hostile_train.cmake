@@ -198,6 +198,29 @@ expect_error("train.json naming another data file"
              "train.json names the data ${w}/other.tsv but records the run's data files as ${w}/pairs.tsv" train
              --out "${w}/run" --resume --steps 4)
 file(WRITE "${w}/run/train.json" "${train_json}")
+# a directory the resumed run cannot write in is refused before training (it trained until its
+# first write); root writes anyway, so as root qkv runs as nobody here (setpriv)
+execute_process(COMMAND id -u OUTPUT_VARIABLE uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+set(as_user "")
+if(uid STREQUAL "0")
+  set(as_user setpriv --reuid=65534 --regid=65534 --clear-groups)
+  execute_process(COMMAND ${as_user} test -r "${w}/run/train.json" RESULT_VARIABLE readable)
+  if(NOT readable EQUAL 0)
+    set(as_user "skip")
+  endif()
+endif()
+if(as_user STREQUAL "skip")
+  message(STATUS "--resume into a read-only directory: not checked (root, and nobody cannot read ${w})")
+else()
+  file(CHMOD "${w}/run" PERMISSIONS OWNER_READ OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
+  set(qkv_saved "${QKV}")
+  set(QKV ${as_user} ${QKV})
+  expect_error("--resume into a read-only directory" "--resume: cannot write in ${w}/run (Permission denied)" train
+               --out "${w}/run" --resume --steps 4)
+  set(QKV "${qkv_saved}")
+  file(CHMOD "${w}/run" PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ
+       WORLD_EXECUTE)
+endif()
 file(APPEND "${w}/pairs.tsv" "ten\t10\n")
 expect_error("the data changed since the run started" "pairs.tsv has changed since the run started" train
              --out "${w}/run" --resume --steps 4)

@@ -7,6 +7,9 @@
 // model.safetensors (the best validation loss), qkv_tokenizer.json (+ its files), task.json,
 // train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
 // and the held-out test split (test.tsv or test.txt) for `qkv eval`.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -239,6 +242,19 @@ void check_data_unchanged(const Options& o, const std::string& path) {
   }
 }
 
+// A resumed run writes its directory at every evaluation: one it cannot write in is refused
+// before training (it trained until its first write). Tried by creating a file, as the writes do
+// (a temporary file, then a rename), so that permissions, a read-only mount or ACLs all count.
+void check_writable(const std::string& dir) {
+  const std::string probe = detail::concat(dir, "/.qkv_write_test.", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    fail("--resume: cannot write in ", dir, " (", std::strerror(errno),
+         "): the run saves its checkpoint, model and metrics there");
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 // Removes a model directory this run created if setup fails before the first checkpoint, so
 // that no half-made directory is left behind.
 struct NewDirGuard {
@@ -325,6 +341,7 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
     const std::string path = o.out + "/train.json";
     const Options given = o;
     read_train_json(read_file(path, "train.json"), path, o);
+    check_writable(o.out);
     check_data_unchanged(o, path);
     check(!given.task_given || given.task == o.task, "--resume: ", o.out, " was trained for --task ", o.task);
   } else {
