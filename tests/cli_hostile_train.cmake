@@ -152,6 +152,23 @@ expect_error("a one-line corpus" "one_line.txt (training split): train_sentencep
              train --task lm --data "${w}/one_line.txt" --out "${w}/one_line" --preset tiny --steps 1)
 expect_contains("${last_err}" "(--tokenizer byte)" "a one-line corpus")
 expect_missing("${w}/one_line" "a one-line corpus")
+# a run's tokenizer swapped for one of another size: refused on --resume and when the model is used
+# (the smaller one loaded, then failed mid-decoding naming neither)
+run_qkv(0 out err train --task lm --data "${w}/short.txt" --out "${w}/spm_run" --preset tiny --vocab 300 --max-len 16
+        --steps 2 --eval-every 1)
+file(READ "${w}/spm_run/train.json" spm_json)
+string(REGEX MATCH "\"tokenizer_vocab\": ([0-9]+)" m "${spm_json}")
+if(NOT m OR CMAKE_MATCH_1 LESS_EQUAL 259)
+  message(FATAL_ERROR "train.json records no tokenizer_vocab above the byte tokenizer's 259:\n${spm_json}")
+endif()
+set(spm_vocab "${CMAKE_MATCH_1}")
+file(WRITE "${w}/spm_run/qkv_tokenizer.json" "{\"type\": \"byte\"}\n")
+expect_error("--resume with a swapped tokenizer"
+             "qkv_tokenizer.json: the tokenizer has 259 tokens, but the run started with ${spm_vocab} (train.json's tokenizer_vocab)"
+             train --out "${w}/spm_run" --resume --steps 3)
+expect_error("generate with a swapped tokenizer"
+             "--model ${w}/spm_run: its tokenizer has 259 tokens, but the model was trained with ${spm_vocab}"
+             generate --model "${w}/spm_run" --prompt "the")
 file(WRITE "${w}/junk.model" "not a model")
 expect_error("a file that is not a SentencePiece model" "junk.model: not a SentencePiece model" train --task lm
              --data "${w}/short.txt" --tokenizer "${w}/junk.model" --out "${w}/junk" --steps 1)

@@ -57,6 +57,25 @@ TEST(TrainJson, DataFilesAreReadAndChecked) {
   }
 }
 
+// What tells a replaced tokenizer: the run's --init and the size of the tokenizer it started with,
+// read back but never applied.
+TEST(TrainJson, InitAndTokenizerSizeAreReadBack) {
+  RunOptions o;
+  read_train_json(R"({"init": "gpt2-folder", "tokenizer_vocab": 50257})", "t.json", o);
+  EXPECT_EQ(o.init_recorded, "gpt2-folder");
+  EXPECT_EQ(o.tokenizer_vocab, 50257);
+  RunOptions old;  // written before tokenizer_vocab existed
+  read_train_json("{}", "t.json", old);
+  EXPECT_EQ(old.tokenizer_vocab, 0);
+  EXPECT_TRUE(old.init_recorded.empty());
+  for (const char* bad : {R"({"tokenizer_vocab": -3})", R"({"tokenizer_vocab": 4294967296})",
+                          R"({"tokenizer_vocab": "300"})", R"({"init": 7})"}) {
+    RunOptions r;
+    const std::string e = error_of([&] { read_train_json(bad, "t.json", r); });
+    EXPECT_NE(e.find("t.json: \""), std::string::npos) << bad << " -> " << e;
+  }
+}
+
 TEST(TrainJson, ErrorsNameTheFileAndKey) {
   const auto error = [](const std::string& text) {
     RunOptions o;

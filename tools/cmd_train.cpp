@@ -206,14 +206,15 @@ json data_identity(const Options& o) {
   return files;
 }
 
-json options_json(const Options& o) {
+json options_json(const Options& o, int64_t tokenizer_vocab) {
   return {{"task", o.task},         {"data", o.data},         {"source", o.source},
           {"target", o.target},     {"preset", o.preset},     {"config", o.config},
           {"tokenizer", o.tokenizer}, {"spm_type", o.spm_type}, {"vocab", o.vocab},
           {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
           {"test_fraction", o.test_fraction}, {"seed", o.seed}, {"lr", o.lr},
           {"warmup", o.warmup},     {"dropout", o.dropout},   {"label_smoothing", o.label_smoothing},
-          {"eval_every", o.eval_every}, {"init", o.init}, {"data_files", data_identity(o)}};
+          {"eval_every", o.eval_every}, {"init", o.init}, {"tokenizer_vocab", tokenizer_vocab},
+          {"data_files", data_identity(o)}};
 }
 
 // The data must be what the run started with (train.json's data_files), or the split and the
@@ -488,6 +489,15 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
                                                      : "--config " + o.config);
   check(!o.resume || tok->vocab_size() <= cfg.vocab_size, o.out, "/qkv_tokenizer.json: the tokenizer's vocabulary (",
         tok->vocab_size(), ") does not match the checkpoint's vocab_size (", cfg.vocab_size, ")");
+  // a tokenizer swapped for one of another size would train on other ids: the run's own size
+  // (train.json), or, for a run that did not fine-tune, the model's vocab_size
+  if (o.resume) {
+    const int64_t started = o.tokenizer_vocab > 0 ? o.tokenizer_vocab : o.init_recorded.empty() ? cfg.vocab_size : 0;
+    check(started == 0 || tok->vocab_size() == started, o.out, "/qkv_tokenizer.json: the tokenizer has ",
+          tok->vocab_size(), " tokens, but the run started with ", started,
+          o.tokenizer_vocab > 0 ? " (train.json's tokenizer_vocab)" : " (the checkpoint's vocab_size)",
+          ": it was replaced. Restore the run's own tokenizer");
+  }
   check(task != Task::Classify || static_cast<int64_t>(labels.size()) == cfg.num_classes, o.out, "/task.json: ",
         labels.size(), " labels, but the model has ", cfg.num_classes, " classes");
   out.model = std::make_unique<Model>(cfg);
@@ -624,7 +634,7 @@ int run(Options o) {
     info.labels = prep.labels;
     info.max_len = o.max_len;
     info.save(o.out);
-    write_file_atomic(o.out + "/train.json", options_json(o).dump(2) + "\n");
+    write_file_atomic(o.out + "/train.json", options_json(o, prep.tok->vocab_size()).dump(2) + "\n");
   }
   if (const int64_t stale = lead ? remove_stale_temp_files(o.out) : 0; stale > 0)
     std::fprintf(stderr, "qkv train: removed %lld temporary file(s) left in %s by a killed run\n",

@@ -24,6 +24,7 @@
 #include "qkv/tokenizer.h"
 #include "qkv/viz.h"
 #include "task_util.h"
+#include "train_json.h"
 
 namespace qkv::cli {
 namespace {
@@ -45,6 +46,20 @@ Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
         command, " needs a ", task_name(want), " model");
   Model m = load_model(dir);
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
+  // A directory from qkv train: the tokenizer the run trained with (train.json's tokenizer_vocab),
+  // or, for a run that did not fine-tune a model with a padded table, exactly the model's vocabulary.
+  // (A smaller one loaded, then failed mid-translation naming neither.)
+  const std::string tj = dir + "/train.json";
+  if (!is_hf_model_dir(dir) && fs::exists(tj)) {
+    RunOptions run;
+    read_train_json(read_file(tj, "train.json"), tj, run);
+    const int64_t trained = run.tokenizer_vocab > 0 ? run.tokenizer_vocab
+                         : run.init_recorded.empty() ? m.config().vocab_size : 0;
+    check(trained == 0 || tok->vocab_size() == trained, "--model ", dir, ": its tokenizer has ", tok->vocab_size(),
+          " tokens, but the model was trained with ", trained,
+          run.tokenizer_vocab > 0 ? " (train.json's tokenizer_vocab)" : " (its vocab_size)",
+          ": the tokenizer does not belong to the model (config.json's vocab_size is ", m.config().vocab_size, ")");
+  }
   // a Hugging Face model's embedding table may have rows no token uses (padded to a multiple of 64)
   check(tok->vocab_size() <= m.config().vocab_size, "--model ", dir, ": the tokenizer's vocabulary (",
         tok->vocab_size(), ") is larger than config.json's vocab_size (", m.config().vocab_size, ")");

@@ -72,6 +72,8 @@ void read_train_json(const std::string& text, const std::string& path, RunOption
   get_int(j, "max_tokens", 1, int64_t{1} << 24, path, r.max_tokens);
   get_int(j, "max_len", 2, int64_t{1} << 20, path, r.max_len);
   get_int(j, "eval_every", 1, int64_t{1} << 30, path, r.eval_every);
+  get_string(j, "init", path, r.init_recorded);
+  get_int(j, "tokenizer_vocab", 1, (int64_t{1} << 31) - 1, path, r.tokenizer_vocab);
   get_fraction(j, "valid_fraction", path, r.valid_fraction);
   get_fraction(j, "test_fraction", path, r.test_fraction);
   if (const auto it = j.find("seed"); it != j.end()) {

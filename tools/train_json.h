@@ -22,6 +22,10 @@ struct RunOptions {
   uint64_t seed = 1;
   std::vector<DataFile> data_files;  // as read back ("data_files"); written by qkv train
   bool data_files_given = false;     // train.json has "data_files" (older ones do not)
+  // As read back, never applied: the run's --init ("init") and the size of the tokenizer it
+  // started with ("tokenizer_vocab"; 0 when train.json predates it), to tell a replaced tokenizer.
+  std::string init_recorded;
+  int64_t tokenizer_vocab = 0;
 };
 
 // Overwrites each field of `o` that `text` (train.json's bytes; `path` names the file in
@@ -29,7 +33,8 @@ struct RunOptions {
 // back) are ignored. A qkv::Error names the file and the key for: text that is not a JSON
 // object (a NUL byte included), a key that appears twice, or a value of the wrong type or outside what `qkv train`
 // accepts: task translate|lm|classify, preset tiny|small|base, data/source/target strings,
-// max_tokens 0 or 1..2^24, max_len 0 or 2..2^20, eval_every 0..2^30, valid_fraction and
+// max_tokens 0 or 1..2^24, max_len 0 or 2..2^20, eval_every 0..2^30, init a string (read into
+// init_recorded), tokenizer_vocab 0 or 1..2^31-1, valid_fraction and
 // test_fraction in [0, 0.5], seed an integer in 0..2^64-1, data_files an array of
 // {"path": string, "bytes": integer, "fnv1a64": 16 hex digits}.
 void read_train_json(const std::string& text, const std::string& path, RunOptions& o);
