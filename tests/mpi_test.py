@@ -206,9 +206,9 @@ def main():
         for ranks, more in ((0, ["--parts", "2"]), (2, [])):
             out = os.path.join(work, f"ranks{ranks}-{name}-{task}")
             args = [qkv] + base + ["--task", task, "--data", path, "--out", out] + more + extra
-            if extra:
-                args.remove("--tokenizer")
-                args.remove("byte")
+            if extra:  # the model to fine-tune brings its tokenizer and size
+                for a in ("--tokenizer", "byte", "--preset", "tiny"):
+                    args.remove(a)
             rc, so, se = run((mpirun + [str(ranks)] if ranks else []) + args)
             if rc != 0:
                 ck.report(False, f"{name}: {ranks or 1} process(es) exited {rc}", se[-800:])

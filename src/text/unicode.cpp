@@ -213,7 +213,8 @@ struct Regex::Code {
   ~Code() { pcre2_code_free(code); }
 };
 
-Regex::Regex(std::string_view pattern, std::string what) : code_(std::make_unique<Code>()), what_(std::move(what)) {
+Regex::Regex(std::string_view pattern, std::string what)
+    : code_(std::make_unique<Code>()), what_(std::move(what)), pattern_(pattern) {
   const std::string p = onig_to_pcre2(pattern, what_);
   int err = 0;
   PCRE2_SIZE at = 0;
@@ -224,33 +225,98 @@ Regex::Regex(std::string_view pattern, std::string what) : code_(std::make_uniqu
     fail(what_, ": the pattern \"", std::string(pattern), "\" does not compile: ", reinterpret_cast<const char*>(buf),
          " (at offset ", at, " of its PCRE2 form)");
   }
-  pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE);  // the interpreter runs where JIT is unavailable
+  // the interpreter runs where JIT is unavailable; find_all matches in both modes
+  pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE | PCRE2_JIT_PARTIAL_HARD);
 }
 
 Regex::~Regex() = default;
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
+size_t Regex::default_budget(size_t text_bytes) { return (size_t{1} << 26) + 256 * text_bytes; }
+
+namespace {
+
+using MatchData = std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)>;
+
+// After an empty match right after the previous match, the search resumes one character later.
+size_t next_char(std::string_view text, size_t at) {
+  ++at;
+  while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;
+  return at;
+}
+
+[[noreturn]] void fail_match(const std::string& what, size_t at, int rc) {
+  PCRE2_UCHAR buf[256];
+  pcre2_get_error_message(rc, buf, sizeof buf);
+  fail(what, ": matching failed at byte offset ", at, ": ", reinterpret_cast<const char*>(buf));
+}
+
+}  // namespace
+
+// Leftmost-first iteration is quadratic for some patterns whatever the engine (`a*b|.` rescans
+// the rest of the text from every position; Oniguruma and Rust's regex do the same), so the
+// work is metered. Each search sees a window of the text, [0, at + w): PCRE2_PARTIAL_HARD
+// reports when any path of the search reached the window's end, and then the window grows
+// fourfold up to the whole text. A complete match or a no-match that never reached the end is
+// what the whole text gives, so the result is the unbounded search's (find_all_reference). The
+// bytes of the windows searched are charged to `budget`, a deterministic bound on the work.
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text, size_t budget) const {
   std::vector<std::pair<size_t, size_t>> out;
-  std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-      pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
+  MatchData md(pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
+  check(md != nullptr, what_, ": out of memory for regex match data");
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  constexpr size_t kFirstWindow = 64;
+  size_t at = 0, last_end = SIZE_MAX, spent = 0;
+  while (at <= text.size()) {
+    int rc = 0;
+    for (size_t w = kFirstWindow;; w *= 4) {
+      size_t len = w >= text.size() - at ? text.size() : at + w;
+      while (len < text.size() && (static_cast<unsigned char>(text[len]) & 0xc0) == 0x80) ++len;
+      const bool whole = len == text.size();
+      spent += len - at + 1;
+      if (spent > budget)
+        fail(what_, ": the pattern \"", pattern_, "\" needs more than ", budget,
+             " byte steps to split this text of ", text.size(),
+             " bytes (it rescans the text from each position: its work grows with the square of the text's length)");
+      rc = pcre2_match(code_->code, subject, len, at, PCRE2_NO_UTF_CHECK | (whole ? 0 : PCRE2_PARTIAL_HARD), md.get(),
+                       nullptr);
+      if (whole || rc >= 0) break;
+      if (rc != PCRE2_ERROR_PARTIAL && rc != PCRE2_ERROR_NOMATCH) fail_match(what_, at, rc);
+    }
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) fail_match(what_, at, rc);
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+    const size_t s = ov[0], e = ov[1];
+    if (s == e && e == last_end) {
+      if (at >= text.size()) break;
+      at = next_char(text, at);
+      continue;
+    }
+    out.emplace_back(s, e);
+    last_end = e;
+    at = e;
+  }
+  return out;
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
+  return find_all(text, default_budget(text.size()));
+}
+
+std::vector<std::pair<size_t, size_t>> Regex::find_all_reference(std::string_view text) const {
+  std::vector<std::pair<size_t, size_t>> out;
+  MatchData md(pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
   check(md != nullptr, what_, ": out of memory for regex match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t at = 0, last_end = SIZE_MAX;
   while (at <= text.size()) {
     const int rc = pcre2_match(code_->code, subject, text.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR buf[256];
-      pcre2_get_error_message(rc, buf, sizeof buf);
-      fail(what_, ": matching failed at byte offset ", at, ": ", reinterpret_cast<const char*>(buf));
-    }
+    if (rc < 0) fail_match(what_, at, rc);
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
     const size_t s = ov[0], e = ov[1];
     if (s == e && e == last_end) {
-      // an empty match right after the previous match: skip one character
       if (at >= text.size()) break;
-      ++at;
-      while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;
+      at = next_char(text, at);
       continue;
     }
     out.emplace_back(s, e);

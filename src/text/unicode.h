@@ -61,13 +61,22 @@ class Regex {
   Regex(const Regex&) = delete;
   Regex& operator=(const Regex&) = delete;
   // The non-overlapping matches in `text`, left to right, as (begin, end) byte offsets. After an
-  // empty match the search resumes one character later (Oniguruma's find_iter).
+  // empty match the search resumes one character later (Oniguruma's find_iter). The work is
+  // metered in bytes searched; past `budget` (default_budget(text.size()) when not given) it
+  // throws an Error naming the pattern, so a pattern whose iteration is quadratic (`a*b|.`)
+  // cannot hold a thread for minutes.
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view text, size_t budget) const;
+  // 2^26 + 256 bytes per byte of text: linear patterns use a small part of it.
+  static size_t default_budget(size_t text_bytes);
+  // The slow twin: every search over the whole text, unmetered (tests compare the two).
+  std::vector<std::pair<size_t, size_t>> find_all_reference(std::string_view text) const;
 
  private:
   struct Code;
   std::unique_ptr<Code> code_;
   std::string what_;
+  std::string pattern_;
 };
 
 // Oniguruma's \s \S \w \W spelled for PCRE2 (exposed for tests).
