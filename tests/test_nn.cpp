@@ -468,6 +468,9 @@ TEST(Models, ConfigRejectsDuplicatesAndOutOfRangeIntegers) {
                                              : ::testing::AssertionFailure() << "'" << part << "' not in: " << e;
   };
   EXPECT_TRUE(has(err(R"({"vocab_size": 5, "d_model": 8, "d_model": 16})"), "x.json: duplicate key \"d_model\""));
+  // in a nested object, and the same key in two objects is no duplicate
+  EXPECT_TRUE(has(err(R"({"a": {"b": 1}, "c": [{"b": 2, "d": {}, "b": 3}]})"), "x.json: duplicate key \"b\""));
+  EXPECT_FALSE(has(err(R"({"a": {"b": 1}, "c": [{"b": 2}, {"b": 2}], "vocab_size": 0})"), "duplicate"));
   EXPECT_TRUE(has(err(std::string("{\"vocab_size\": 5}\0{\"d_model\": 3}", 32)), "x.json: not valid JSON: NUL byte"));
   EXPECT_TRUE(has(err(R"({"vocab_size": 18446744073709551615})"),
                   "x.json: \"vocab_size\" is 18446744073709551615, beyond any size"));

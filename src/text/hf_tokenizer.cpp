@@ -695,10 +695,16 @@ std::string byte_token(unsigned char b) {
   return buf;
 }
 
+// Lookups by string_view without building a std::string (C++20 heterogeneous lookup).
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 struct Vocab {
-  std::unordered_map<std::string, int32_t> ids;
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> ids;
   std::unordered_map<int32_t, std::string> tokens;
-  int32_t find(const std::string& t) const {
+  int32_t find(std::string_view t) const {
     const auto it = ids.find(t);
     return it == ids.end() ? -1 : it->second;
   }
@@ -733,6 +739,8 @@ struct Vocab {
 Vocab parse_vocab_object(const Json& j, const Where& w) {
   const Json& v = get_object(j, "vocab", w);
   Vocab out;
+  out.ids.reserve(v.size());
+  out.tokens.reserve(v.size());
   const Where vw = w.at("vocab");
   for (auto it = v.begin(); it != v.end(); ++it) {
     if (!it->is_number_integer()) vw.fail("token \"", it.key(), "\" maps to ", it->type_name(), " (expected an integer id)");
@@ -830,18 +838,20 @@ std::unique_ptr<Model> parse_bpe(const Json& j, const Where& w) {
   m->ignore_merges = get_bool(j, "ignore_merges", false, w);
   const Json& merges = get_array(j, "merges", w);
   const Where mw = w.at("merges");
+  m->merges.reserve(merges.size());
+  std::string joined;
   for (size_t r = 0; r < merges.size(); ++r) {
     // a merge is "a b" (split at its spaces: exactly two parts) or ["a", "b"]
-    std::string a, b;
+    std::string_view a, b;
     const Json& e = merges[r];
     if (e.is_string()) {
-      const std::string line = e.get<std::string>();
+      const std::string_view line = e.get_ref<const std::string&>();
       const size_t sp = line.find(' ');
       if (sp == std::string::npos || line.find(' ', sp + 1) != std::string::npos)
         mw.index(r).fail("\"", line, "\" (expected two tokens separated by one space)");
       a = line.substr(0, sp), b = line.substr(sp + 1);
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>(), b = e[1].get<std::string>();
+      a = e[0].get_ref<const std::string&>(), b = e[1].get_ref<const std::string&>();
     } else {
       mw.index(r).fail(e.dump(), " (expected \"a b\" or [\"a\", \"b\"])");
     }
@@ -850,7 +860,7 @@ std::unique_ptr<Model> parse_bpe(const Json& j, const Where& w) {
     if (ib < 0) mw.index(r).fail("\"", b, "\" is not in the vocabulary");
     // the merged token: a + b without b's continuing prefix
     const size_t cut = std::min(m->prefix.size(), b.size());
-    const std::string joined = a + b.substr(cut);
+    joined.assign(a).append(b.substr(cut));
     const int32_t ij = m->vocab.find(joined);
     if (ij < 0) mw.index(r).fail("the merged token \"", joined, "\" is not in the vocabulary");
     m->merges[pair_key(ia, ib)] = {static_cast<int32_t>(r), ij};  // a later duplicate wins

@@ -282,12 +282,41 @@ std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file) {
 
 namespace {
 // Hugging Face's tokenizer.json (the tokenizers library's format) has "model", never qkv's "type".
+// Only the top-level keys are looked at (a SAX pass builds nothing: a 200,000-token file is read
+// once, by the reader that follows).
+struct TopLevelKeys : nlohmann::json_sax<Json> {
+  int depth = 0;
+  bool object = false, type = false, model = false, version = false;
+  bool open(bool is_object) {
+    if (depth++ == 0) object = is_object;
+    return true;
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(true); }
+  bool end_object() override { return --depth, true; }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return --depth, true; }
+  bool key(string_t& k) override {
+    if (depth == 1) type |= k == "type", model |= k == "model", version |= k == "version";
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
 bool is_hf_tokenizer_json(const std::string& file) {
   try {
-    const Json j = detail::parse_json_object(read_file(file, "tokenizer.json"), file);
-    return !j.contains("type") && (j.contains("model") || j.contains("version"));
+    const std::string text = read_file(file, "tokenizer.json");
+    TopLevelKeys keys;
+    if (text.find('\0') != std::string::npos || !Json::sax_parse(text, &keys) || !keys.object) return false;
+    return !keys.type && (keys.model || keys.version);
   } catch (const Error&) {
-    return false;  // not JSON: qkv's reader names what is wrong
+    return false;  // unreadable: qkv's reader names what is wrong
   }
 }
 
