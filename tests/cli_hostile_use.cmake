@@ -306,6 +306,14 @@ endif()
 expect_contains("${err}" "max_len 16" "the note names the table's size")
 run_qkv(0 out err --threads 1 generate --model "${w}/lm_endless" --prompt "one" --max-len 5)
 expect_not_contains("${err}" "learned positions" "no note when the table is not reached")
+foreach(way "--beam;4" "--beam;4;-n;3" "--beam;2")
+  run_qkv(0 out err --threads 1 generate --model "${w}/lm_endless" --prompt "one" --max-len 200 ${way})
+  string(REGEX MATCHALL "end of the model's learned positions" said "${err}")
+  list(LENGTH said n)
+  if(NOT n EQUAL 1)
+    message(FATAL_ERROR "generate ${way} --max-len 200 on a 16-position model: expected one note on stderr, got:\n${err}")
+  endif()
+endforeach()
 
 # --- attention maps: errors name --layer and --head and the command
 expect_error_stdin("translate --layer 5" "--layer 5: the model has 2 layers" "${w}/src.txt"
