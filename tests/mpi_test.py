@@ -207,8 +207,8 @@ def main():
             out = os.path.join(work, f"ranks{ranks}-{name}-{task}")
             args = [qkv] + base + ["--task", task, "--data", path, "--out", out] + more + extra
             if extra:  # the model to fine-tune brings its tokenizer and size
-                for a in ("--tokenizer", "byte", "--preset", "tiny"):
-                    args.remove(a)
+                for unused in ("--tokenizer", "byte", "--preset", "tiny"):
+                    args.remove(unused)
             rc, so, se = run((mpirun + [str(ranks)] if ranks else []) + args)
             if rc != 0:
                 ck.report(False, f"{name}: {ranks or 1} process(es) exited {rc}", se[-800:])
