@@ -236,18 +236,33 @@ size_t Regex::default_budget(size_t text_bytes) { return (size_t{1} << 26) + 256
 namespace {
 
 using MatchData = std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)>;
-
-// After an empty match right after the previous match, the search resumes one character later.
-size_t next_char(std::string_view text, size_t at) {
-  ++at;
-  while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;
-  return at;
-}
+using Spans = std::vector<std::pair<size_t, size_t>>;
 
 [[noreturn]] void fail_match(const std::string& what, size_t at, int rc) {
   PCRE2_UCHAR buf[256];
   pcre2_get_error_message(rc, buf, sizeof buf);
   fail(what, ": matching failed at byte offset ", at, ": ", reinterpret_cast<const char*>(buf));
+}
+
+// Oniguruma's find_iter over `search(at)`, the first match at or after byte `at` (false when
+// there is none): matches left to right, each search starting where the last match ended; after
+// an empty match right after the previous match, the search resumes one character later.
+template <class Search>
+Spans iterate(std::string_view text, Search search) {
+  Spans out;
+  size_t at = 0, last_end = SIZE_MAX, s = 0, e = 0;
+  while (at <= text.size() && search(at, s, e)) {
+    if (s == e && e == last_end) {
+      if (at >= text.size()) break;
+      ++at;
+      while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xc0) == 0x80) ++at;
+      continue;
+    }
+    out.emplace_back(s, e);
+    last_end = e;
+    at = e;
+  }
+  return out;
 }
 
 }  // namespace
@@ -256,74 +271,53 @@ size_t next_char(std::string_view text, size_t at) {
 // the rest of the text from every position; Oniguruma and Rust's regex do the same), so the
 // work is metered. Each search sees a window of the text, [0, at + w): PCRE2_PARTIAL_HARD
 // reports when any path of the search reached the window's end, and then the window grows
-// fourfold up to the whole text. A complete match or a no-match that never reached the end is
-// what the whole text gives, so the result is the unbounded search's (find_all_reference). The
-// bytes of the windows searched are charged to `budget`, a deterministic bound on the work.
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text, size_t budget) const {
-  std::vector<std::pair<size_t, size_t>> out;
+// fourfold up to the whole text. A complete match found in a window is what the whole text gives
+// (an earlier start that reached the end would have been reported as partial), so the result is
+// the unbounded search's (find_all_reference). The bytes of the windows searched are charged to
+// `budget`, a deterministic bound on the work.
+Spans Regex::find_all(std::string_view text, size_t budget) const {
   MatchData md(pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
   check(md != nullptr, what_, ": out of memory for regex match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   constexpr size_t kFirstWindow = 64;
-  size_t at = 0, last_end = SIZE_MAX, spent = 0;
-  while (at <= text.size()) {
-    int rc = 0;
+  size_t spent = 0;
+  return iterate(text, [&](size_t at, size_t& s, size_t& e) {
     for (size_t w = kFirstWindow;; w *= 4) {
       size_t len = w >= text.size() - at ? text.size() : at + w;
       while (len < text.size() && (static_cast<unsigned char>(text[len]) & 0xc0) == 0x80) ++len;
       const bool whole = len == text.size();
       spent += len - at + 1;
       if (spent > budget)
-        fail(what_, ": the pattern \"", pattern_, "\" needs more than ", budget,
-             " byte steps to split this text of ", text.size(),
+        fail(what_, ": the pattern \"", pattern_, "\" needs more than ", budget, " byte steps to split this text of ",
+             text.size(),
              " bytes (it rescans the text from each position: its work grows with the square of the text's length)");
-      rc = pcre2_match(code_->code, subject, len, at, PCRE2_NO_UTF_CHECK | (whole ? 0 : PCRE2_PARTIAL_HARD), md.get(),
-                       nullptr);
-      if (whole || rc >= 0) break;
-      if (rc != PCRE2_ERROR_PARTIAL && rc != PCRE2_ERROR_NOMATCH) fail_match(what_, at, rc);
+      const int rc = pcre2_match(code_->code, subject, len, at,
+                                 PCRE2_NO_UTF_CHECK | (whole ? 0 : PCRE2_PARTIAL_HARD), md.get(), nullptr);
+      if (rc >= 0) {
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+        s = ov[0], e = ov[1];
+        return true;
+      }
+      if (whole && rc == PCRE2_ERROR_NOMATCH) return false;
+      if (whole || (rc != PCRE2_ERROR_PARTIAL && rc != PCRE2_ERROR_NOMATCH)) fail_match(what_, at, rc);
     }
-    if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) fail_match(what_, at, rc);
-    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    const size_t s = ov[0], e = ov[1];
-    if (s == e && e == last_end) {
-      if (at >= text.size()) break;
-      at = next_char(text, at);
-      continue;
-    }
-    out.emplace_back(s, e);
-    last_end = e;
-    at = e;
-  }
-  return out;
+  });
 }
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all(std::string_view text) const {
-  return find_all(text, default_budget(text.size()));
-}
+Spans Regex::find_all(std::string_view text) const { return find_all(text, default_budget(text.size())); }
 
-std::vector<std::pair<size_t, size_t>> Regex::find_all_reference(std::string_view text) const {
-  std::vector<std::pair<size_t, size_t>> out;
+Spans Regex::find_all_reference(std::string_view text) const {
   MatchData md(pcre2_match_data_create_from_pattern(code_->code, nullptr), pcre2_match_data_free);
   check(md != nullptr, what_, ": out of memory for regex match data");
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t at = 0, last_end = SIZE_MAX;
-  while (at <= text.size()) {
+  return iterate(text, [&](size_t at, size_t& s, size_t& e) {
     const int rc = pcre2_match(code_->code, subject, text.size(), at, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
-    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
     if (rc < 0) fail_match(what_, at, rc);
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
-    const size_t s = ov[0], e = ov[1];
-    if (s == e && e == last_end) {
-      if (at >= text.size()) break;
-      at = next_char(text, at);
-      continue;
-    }
-    out.emplace_back(s, e);
-    last_end = e;
-    at = e;
-  }
-  return out;
+    s = ov[0], e = ov[1];
+    return true;
+  });
 }
 
 }  // namespace qkv::text
