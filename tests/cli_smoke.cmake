@@ -106,4 +106,15 @@ run_qkv(0 out err bench decode --help)
 expect_contains("${out}" "bandwidth" "qkv bench decode --help")
 run_qkv(0 out err bench train --help)
 expect_contains("${out}" "gpt2-small" "qkv bench train --help")
+# the low-precision products (issue 21): every type runs and reports GB/s; a row that is not
+# whole blocks is refused naming the type
+run_qkv(0 out err bench gemv --rows 40 --cols 64 --matrix-mib 1 --reps 1 --json)
+foreach(t f32 bf16 f16 q8_0 q4_0)
+  expect_contains("${out}" "\"dtype\": \"${t}\"" "bench gemv --json: ${t}")
+endforeach()
+expect_contains("${out}" "\"gb_per_s\"" "bench gemv --json: GB/s")
+expect_error("bench gemv with a row of 40 q4_0 weights" "q4_0 rows hold whole blocks of 32" bench gemv --cols 40
+             --dtype q4_0)
+expect_error("bench gemv with an unknown type" "--dtype q3: expected f32, bf16, f16, q8_0 or q4_0" bench gemv
+             --dtype q3)
 file(REMOVE_RECURSE "${work}")

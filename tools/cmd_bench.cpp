@@ -300,7 +300,7 @@ int run_bench(const BenchOptions& o) {
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<BenchOptions>();
-  CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, model training, decoding");
+  CLI::App* b = app.add_subcommand("bench", "Benchmarks that print figures: attention kernels, model training, decoding, low-precision products");
   b->require_subcommand(1);
   CLI::App* c = b->add_subcommand("attention", "Flash vs reference attention vs the machine's SGEMM ceiling");
   c->add_option("--seq", o->seq, "Sequence lengths T")->delimiter(',')->transform(whole(1, 1 << 24));
@@ -315,8 +315,12 @@ Runner add_bench(CLI::App& app) {
   c->add_flag("--json", o->json, "Print JSON instead of a table");
   Runner train = add_bench_train(*b);
   Runner decode = add_bench_decode(*b);
+  Runner gemv = add_bench_gemv(*b);
   CLI::App* dc = b->get_subcommand("decode");
-  return [o, c, train, decode, dc] { return c->parsed() ? run_bench(*o) : dc->parsed() ? decode() : train(); };
+  CLI::App* gc = b->get_subcommand("gemv");
+  return [o, c, train, decode, dc, gemv, gc] {
+    return c->parsed() ? run_bench(*o) : dc->parsed() ? decode() : gc->parsed() ? gemv() : train();
+  };
 }
 
 }  // namespace qkv::cli

@@ -12,6 +12,7 @@ Runner add_attend(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_bench_train(CLI::App& bench);  // `qkv bench train`, registered by add_bench
 Runner add_bench_decode(CLI::App& bench);  // `qkv bench decode`, likewise
+Runner add_bench_gemv(CLI::App& bench);    // `qkv bench gemv`, likewise
 Runner add_init(CLI::App& app);
 Runner add_import(CLI::App& app);
 Runner add_forward(CLI::App& app);

@@ -1,0 +1,297 @@
+// Low-precision weights: conversions, GGUF's quantisers, the matrix-vector product and its twin.
+#include "kernels/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "qkv/error.h"
+
+namespace qkv::kernels {
+
+const char* wtype_name(WType t) {
+  switch (t) {
+    case WType::F32: return "f32";
+    case WType::BF16: return "bf16";
+    case WType::F16: return "f16";
+    case WType::Q8_0: return "q8_0";
+    case WType::Q4_0: return "q4_0";
+  }
+  return "?";
+}
+
+size_t row_bytes(WType t, int64_t K) {
+  check(K >= 0, "row_bytes: negative row length ", K);
+  const bool blocks = t == WType::Q8_0 || t == WType::Q4_0;
+  check(!blocks || K % kQBlock == 0, wtype_name(t), " rows hold whole blocks of ", kQBlock, " weights, but a row has ",
+        K);
+  const auto k = static_cast<size_t>(K);
+  switch (t) {
+    case WType::F32: return k * 4;
+    case WType::BF16:
+    case WType::F16: return k * 2;
+    case WType::Q8_0: return k / kQBlock * sizeof(BlockQ8_0);
+    case WType::Q4_0: return k / kQBlock * sizeof(BlockQ4_0);
+  }
+  return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// float16 and bfloat16
+
+float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);  // infinity, or NaN with its payload
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);  // normal: rebias 15 -> 127
+  } else if (man == 0) {
+    bits = sign;  // zero
+  } else {
+    // subnormal: man * 2^-24, exact in float
+    const float v = static_cast<float>(man) * 0x1p-24f;
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_f16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00 | ((abs >> 13) & 0x3ff));  // NaN, quiet
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00);  // rounds to >= 65520: infinity
+  if (abs >= 0x38800000u) {
+    // normal in f16: drop 13 mantissa bits, round to nearest even (a carry may step the exponent)
+    const uint32_t r = abs - 0x38000000u;  // rebias 127 -> 15
+    const uint32_t half = r >> 13, rest = r & 0x1fff;
+    const uint32_t rounded = half + (rest > 0x1000 || (rest == 0x1000 && (half & 1)));
+    return static_cast<uint16_t>(sign | rounded);
+  }
+  // subnormal or zero in f16: the value in units of 2^-24, rounded to nearest even
+  float a;
+  std::memcpy(&a, &abs, 4);
+  const float units = a * 0x1p24f;  // exact: a < 2^-14, so units < 1024
+  const auto r = static_cast<uint32_t>(std::nearbyint(units));
+  return static_cast<uint16_t>(sign | r);  // r == 1024 is the smallest normal, correctly
+}
+
+float bf16_to_f32(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t f32_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN, quiet
+  const uint32_t lsb = (bits >> 16) & 1;
+  return static_cast<uint16_t>((bits + 0x7fff + lsb) >> 16);  // nearest even; overflow reaches infinity
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quantisers (GGUF's published rules) and dequantisers
+
+void quantize_row(WType t, const float* x, int64_t K, void* out) {
+  (void)row_bytes(t, K);
+  if (t == WType::Q8_0 || t == WType::Q4_0)
+    for (int64_t k = 0; k < K; ++k)
+      check(std::isfinite(x[k]), "quantize to ", wtype_name(t), ": element ", k, " of the row is ", x[k],
+            " (a block's scale needs finite weights)");
+  switch (t) {
+    case WType::F32: std::memcpy(out, x, static_cast<size_t>(K) * 4); return;
+    case WType::BF16:
+      for (int64_t k = 0; k < K; ++k) static_cast<uint16_t*>(out)[k] = f32_to_bf16(x[k]);
+      return;
+    case WType::F16:
+      for (int64_t k = 0; k < K; ++k) static_cast<uint16_t*>(out)[k] = f32_to_f16(x[k]);
+      return;
+    case WType::Q8_0: {
+      auto* b = static_cast<BlockQ8_0*>(out);
+      for (int64_t i = 0; i < K / kQBlock; ++i, x += kQBlock) {
+        float amax = 0;
+        for (int64_t j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int64_t j = 0; j < kQBlock; ++j) b[i].q[j] = static_cast<int8_t>(std::round(x[j] * id));
+      }
+      return;
+    }
+    case WType::Q4_0: {
+      auto* b = static_cast<BlockQ4_0*>(out);
+      for (int64_t i = 0; i < K / kQBlock; ++i, x += kQBlock) {
+        float amax = 0, m = 0;
+        for (int64_t j = 0; j < kQBlock; ++j)
+          if (std::fabs(x[j]) > amax) amax = std::fabs(x[j]), m = x[j];
+        const float d = m / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+        b[i].d = f32_to_f16(d);
+        for (int64_t j = 0; j < kQBlock / 2; ++j) {
+          const auto lo = static_cast<uint8_t>(std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f))));
+          const auto hi = static_cast<uint8_t>(
+              std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kQBlock / 2] * id + 8.5f))));
+          b[i].q[j] = static_cast<uint8_t>(lo | (hi << 4));
+        }
+      }
+      return;
+    }
+  }
+}
+
+void dequantize_row(WType t, const void* row, int64_t K, float* out) {
+  (void)row_bytes(t, K);
+  switch (t) {
+    case WType::F32: std::memcpy(out, row, static_cast<size_t>(K) * 4); return;
+    case WType::BF16:
+      for (int64_t k = 0; k < K; ++k) out[k] = bf16_to_f32(static_cast<const uint16_t*>(row)[k]);
+      return;
+    case WType::F16:
+      for (int64_t k = 0; k < K; ++k) out[k] = f16_to_f32(static_cast<const uint16_t*>(row)[k]);
+      return;
+    case WType::Q8_0: {
+      const auto* b = static_cast<const BlockQ8_0*>(row);
+      for (int64_t i = 0; i < K / kQBlock; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int64_t j = 0; j < kQBlock; ++j) out[i * kQBlock + j] = d * static_cast<float>(b[i].q[j]);
+      }
+      return;
+    }
+    case WType::Q4_0: {
+      const auto* b = static_cast<const BlockQ4_0*>(row);
+      for (int64_t i = 0; i < K / kQBlock; ++i) {
+        const float d = f16_to_f32(b[i].d);
+        for (int64_t j = 0; j < kQBlock / 2; ++j) {
+          out[i * kQBlock + j] = d * static_cast<float>((b[i].q[j] & 15) - 8);
+          out[i * kQBlock + j + kQBlock / 2] = d * static_cast<float>((b[i].q[j] >> 4) - 8);
+        }
+      }
+      return;
+    }
+  }
+}
+
+void quantize_activations(const float* x, int64_t K, float* d, int8_t* q) {
+  check(K % kQBlock == 0, "quantize_activations: ", K, " is not a whole number of blocks of ", kQBlock);
+  for (int64_t i = 0; i < K / kQBlock; ++i, x += kQBlock, q += kQBlock) {
+    float amax = 0;
+    bool finite = true;
+    for (int64_t j = 0; j < kQBlock; ++j) {
+      finite = finite && std::isfinite(x[j]);
+      amax = std::max(amax, std::fabs(x[j]));
+    }
+    if (!finite) {
+      d[i] = std::numeric_limits<float>::quiet_NaN();
+      std::fill(q, q + kQBlock, int8_t{0});
+      continue;
+    }
+    d[i] = amax / 127.0f;
+    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    // |x * id| <= 127 up to rounding of id: clamped, so that the products' operands stay in
+    // [-127, 127] whatever the rounding
+    for (int64_t j = 0; j < kQBlock; ++j)
+      q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(x[j] * id), -127.0f, 127.0f));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The matrix-vector product
+
+bool cpu_has_avx512_vnni() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512vnni")) return false;
+  const char* env = std::getenv("QKV_VNNI");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+QuantIsa quant_isa(Isa isa) {
+#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::dot_q8_0, ns::dot_q4_0, ns::dot_f16, ns::dot_bf16, v}
+  switch (isa) {
+    case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni());
+    case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false);
+    default: return QKV_QUANT_TABLE(generic, false);
+  }
+}
+
+QuantIsa quant_isa_w16avx2() { return QKV_QUANT_TABLE(w16avx2, false); }
+#undef QKV_QUANT_TABLE
+
+size_t gemv_workspace_bytes(WType t, int64_t K) {
+  if (t != WType::Q8_0 && t != WType::Q4_0) return 0;
+  return static_cast<size_t>(K / kQBlock) * sizeof(float) + static_cast<size_t>(K);
+}
+
+void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
+               void* workspace, int threads) {
+  check(N >= 0, "gemv: negative row count ", N);
+  const size_t rb = row_bytes(t, K);
+  if (N == 0) return;
+  const auto* base = static_cast<const uint8_t*>(W);
+  const int64_t nb = K / kQBlock;
+  float* xd = nullptr;
+  int8_t* xq = nullptr;
+  if (t == WType::Q8_0 || t == WType::Q4_0) {
+    check(workspace != nullptr, "gemv: ", wtype_name(t), " needs a workspace of ", gemv_workspace_bytes(t, K),
+          " bytes");
+    xd = static_cast<float*>(workspace);
+    xq = reinterpret_cast<int8_t*>(xd + nb);
+    quantize_activations(x, K, xd, xq);
+  }
+  // Rows in fixed chunks of 16: each row's sum is one thread's, in an order set by K alone.
+  constexpr int64_t kRows = 16;
+  const int64_t chunks = (N + kRows - 1) / kRows;
+#pragma omp parallel for num_threads(std::max(1, threads)) schedule(static) if (chunks > 1 && threads > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t n = c * kRows; n < std::min(N, (c + 1) * kRows); ++n) {
+      const uint8_t* row = base + static_cast<size_t>(n) * rb;
+      switch (t) {
+        case WType::F32: {
+          const auto* w = reinterpret_cast<const float*>(row);
+          double s = 0;  // not a decoding type here: the float path is qkv::sgemm's
+          for (int64_t j = 0; j < K; ++j) s += static_cast<double>(w[j]) * x[j];
+          y[n] = static_cast<float>(s);
+          break;
+        }
+        case WType::BF16: y[n] = k.dot_bf16(reinterpret_cast<const uint16_t*>(row), x, K); break;
+        case WType::F16: y[n] = k.dot_f16(reinterpret_cast<const uint16_t*>(row), x, K); break;
+        case WType::Q8_0: y[n] = k.dot_q8_0(reinterpret_cast<const BlockQ8_0*>(row), xd, xq, nb, k.vnni); break;
+        case WType::Q4_0: y[n] = k.dot_q4_0(reinterpret_cast<const BlockQ4_0*>(row), xd, xq, nb, k.vnni); break;
+      }
+    }
+  }
+}
+
+void gemv(WType t, const void* W, int64_t N, int64_t K, const float* x, float* y, void* workspace, int threads) {
+  static const QuantIsa k = quant_isa(active_isa());
+  gemv_with(k, t, W, N, K, x, y, workspace, threads);
+}
+
+void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y) {
+  const size_t rb = row_bytes(t, K);
+  // the activations as the kernel sees them: for Q8_0 and Q4_0, d * q per block
+  std::vector<double> xa(x, x + K);
+  if (t == WType::Q8_0 || t == WType::Q4_0) {
+    std::vector<float> d(static_cast<size_t>(K / kQBlock));
+    std::vector<int8_t> q(static_cast<size_t>(K));
+    quantize_activations(x, K, d.data(), q.data());
+    for (int64_t k = 0; k < K; ++k) xa[k] = static_cast<double>(d[k / kQBlock]) * q[k];
+  }
+  std::vector<float> w(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    dequantize_row(t, static_cast<const uint8_t*>(W) + static_cast<size_t>(n) * rb, K, w.data());
+    double s = 0;
+    for (int64_t k = 0; k < K; ++k) s += static_cast<double>(w[k]) * xa[k];
+    y[n] = s;
+  }
+}
+
+}  // namespace qkv::kernels

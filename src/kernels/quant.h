@@ -1,0 +1,102 @@
+// Low-precision weights: bfloat16, float16, and GGUF's Q8_0 and Q4_0 blocks (docs/formats.md,
+// "Weight types"); their conversions, GGUF's quantisers, and the matrix-vector product that
+// decoding at batch 1 spends its time in, with its reference twin.
+//
+// A quantised matrix is stored row by row, each row K / 32 blocks laid out exactly as in a GGUF
+// file, so a file's tensor data is used as it is:
+//   Q8_0: { f16 d; int8 q[32] }    w_j = d * q_j                      34 bytes per 32 weights
+//   Q4_0: { f16 d; u8 q[16] }      w_j = d * ((q_j & 15) - 8),        18 bytes per 32 weights
+//                                  w_{j+16} = d * ((q_j >> 4) - 8)
+// Products with Q8_0 and Q4_0 weights quantise the activation row once, per block of 32, to
+// int8 with a float scale (d = max |x| / 127, q = x / d rounded to nearest even), and sum each
+// block's products exactly in integers; each block's sum is scaled by d_w * d_x in float. The
+// reference twin quantises the activations the same way, dequantises the weights, and sums in
+// float64: the kernel's only departure from it is float32 rounding.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "qkv/cpu.h"
+
+namespace qkv::kernels {
+
+enum class WType { F32, BF16, F16, Q8_0, Q4_0 };
+
+constexpr int64_t kQBlock = 32;  // weights per Q8_0 / Q4_0 block
+
+struct BlockQ8_0 {
+  uint16_t d;  // float16 scale
+  int8_t q[kQBlock];
+};
+struct BlockQ4_0 {
+  uint16_t d;                 // float16 scale
+  uint8_t q[kQBlock / 2];     // element j in the low nibble of byte j, element j + 16 in its high nibble
+};
+static_assert(sizeof(BlockQ8_0) == 34 && alignof(BlockQ8_0) == 2, "GGUF's Q8_0 block is 34 bytes");
+static_assert(sizeof(BlockQ4_0) == 18 && alignof(BlockQ4_0) == 2, "GGUF's Q4_0 block is 18 bytes");
+
+const char* wtype_name(WType t);  // "f32", "bf16", "f16", "q8_0", "q4_0"
+// Bytes of one row of K weights; K must be a multiple of 32 for Q8_0 and Q4_0 (checked).
+size_t row_bytes(WType t, int64_t K);
+
+// IEEE binary16 and bfloat16 <-> float. To the narrow type: round to nearest even, overflow to
+// infinity, NaN stays NaN (quiet). From it: exact.
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);
+
+// One row of K floats to type t (GGUF's rules for Q8_0: d = max|x| / 127, q = round(x / d), half
+// away from zero; Q4_0: m = the element of largest magnitude, d = m / -8, q = min(15, trunc(x / d
+// + 8.5))), and back.
+void quantize_row(WType t, const float* x, int64_t K, void* out);
+void dequantize_row(WType t, const void* row, int64_t K, float* out);
+
+// The activations of an int8 product: per block of 32, d = max|x| / 127 and q = x / d rounded to
+// nearest even (q = 0 when the block is all zero); a block holding NaN or infinity gets d = NaN,
+// so that its products are NaN, never a number. K must be a multiple of 32.
+void quantize_activations(const float* x, int64_t K, float* d, int8_t* q);
+
+// y[n] = W[n, :] . x for n < N: W is N rows of row_bytes(t, K) bytes. Each y[n] is summed by
+// one thread in an order fixed by K (the rows are split across threads in fixed chunks): the
+// result depends on neither the thread count nor which other rows are computed. `workspace`
+// holds the quantised activations: gemv_workspace_bytes(t, K) bytes (0 for float types).
+size_t gemv_workspace_bytes(WType t, int64_t K);
+void gemv(WType t, const void* W, int64_t N, int64_t K, const float* x, float* y, void* workspace, int threads);
+// The twin: weights dequantised, activations quantised as gemv does (for Q8_0 / Q4_0), float64.
+void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y);
+
+// The per-ISA row products (quant_isa.cpp). xd, xq: the quantised activations (nb blocks).
+#define QKV_DECLARE_QUANT_ISA(ns)                                                                  \
+  namespace ns {                                                                                   \
+  float dot_q8_0(const BlockQ8_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni);    \
+  float dot_q4_0(const BlockQ4_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni);    \
+  float dot_f16(const uint16_t* w, const float* x, int64_t K);                                     \
+  float dot_bf16(const uint16_t* w, const float* x, int64_t K);                                    \
+  }
+QKV_DECLARE_QUANT_ISA(generic)
+QKV_DECLARE_QUANT_ISA(avx2)
+QKV_DECLARE_QUANT_ISA(avx512)
+QKV_DECLARE_QUANT_ISA(w16avx2)
+#undef QKV_DECLARE_QUANT_ISA
+
+struct QuantIsa {
+  float (*dot_q8_0)(const BlockQ8_0*, const float*, const int8_t*, int64_t, bool);
+  float (*dot_q4_0)(const BlockQ4_0*, const float*, const int8_t*, int64_t, bool);
+  float (*dot_f16)(const uint16_t*, const float*, int64_t);
+  float (*dot_bf16)(const uint16_t*, const float*, int64_t);
+  bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)
+};
+
+// The table for `isa` (the test-only w16avx2 too); `vnni` where the CPU has AVX512_VNNI and the
+// ISA is AVX-512, unless QKV_VNNI=0.
+QuantIsa quant_isa(Isa isa);
+QuantIsa quant_isa_w16avx2();
+bool cpu_has_avx512_vnni();
+
+// gemv with the given table (the tests run every ISA this CPU has).
+void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
+               void* workspace, int threads);
+
+}  // namespace qkv::kernels

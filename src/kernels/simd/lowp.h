@@ -1,0 +1,243 @@
+// The row products of low-precision weights (kernels/quant.h), for the ISA of the translation
+// unit that includes this: AVX-512 (with or without AVX512_VNNI), AVX2 (+F16C), or portable C++.
+// Intrinsics live here and in vec.h only. Every function reads its row once, front to back.
+//
+// int8 blocks: each block's 32 products are summed exactly in int32 and then scaled in float.
+// The unsigned-by-signed byte products (vpmaddubsw, vpdpbusd) take |w| as the unsigned operand
+// (-128 reads as 128) and x with w's sign as the signed one; the activations lie in [-127, 127],
+// so no product and no pair of products leaves int16: exact for every int8 weight.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/quant.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+// GCC 12's AVX-512 headers build results on _mm512_undefined_*(), which -Wuninitialized reports
+// at every call site (a known false positive of the headers, not of this code).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#ifndef QKV_ISA
+#error "QKV_ISA must be defined by the build"
+#endif
+
+namespace qkv::simd {
+inline namespace QKV_ISA {
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return kernels::f16_to_f32(h);
+#endif
+}
+
+// The generic bodies: plain loops, every product exact, one float step per block.
+inline float dot_q8_0_generic(const kernels::BlockQ8_0* w, const float* xd, const int8_t* xq, int64_t nb) {
+  float acc = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += static_cast<int32_t>(w[i].q[j]) * xq[i * 32 + j];
+    acc += half_to_float(w[i].d) * xd[i] * static_cast<float>(s);
+  }
+  return acc;
+}
+inline float dot_q4_0_generic(const kernels::BlockQ4_0* w, const float* xd, const int8_t* xq, int64_t nb) {
+  float acc = 0;
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += ((w[i].q[j] & 15) - 8) * xq[i * 32 + j];
+      s += ((w[i].q[j] >> 4) - 8) * xq[i * 32 + j + 16];
+    }
+    acc += half_to_float(w[i].d) * xd[i] * static_cast<float>(s);
+  }
+  return acc;
+}
+inline float dot_f16_generic(const uint16_t* w, const float* x, int64_t K) {
+  float a[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4)
+    for (int l = 0; l < 4; ++l) a[l] += half_to_float(w[k + l]) * x[k + l];
+  for (; k < K; ++k) a[0] += half_to_float(w[k]) * x[k];
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+inline float dot_bf16_generic(const uint16_t* w, const float* x, int64_t K) {
+  float a[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4)
+    for (int l = 0; l < 4; ++l) a[l] += kernels::bf16_to_f32(w[k + l]) * x[k + l];
+  for (; k < K; ++k) a[0] += kernels::bf16_to_f32(w[k]) * x[k];
+  return (a[0] + a[1]) + (a[2] + a[3]);
+}
+
+#if defined(__AVX2__)
+
+inline float hsum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// A Q4_0 block's 32 weights as int8 in [-8, 7], in element order.
+inline __m256i q4_unpack(const uint8_t* q) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+}
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// 8 int32 partial sums of 32 products w_j x_j (see the note above).
+inline __m256i dot32_madd(__m256i w, __m256i x) {
+  const __m256i u = _mm256_sign_epi8(w, w), s = _mm256_sign_epi8(x, w);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// The block loops, two accumulators; DOT is the 32-product step. Each block: its float scale
+// times its 8 int32 partial sums, added lane-wise; the lanes are summed at the end.
+#define QKV_LOWP_BLOCK_LOOPS(NAME, ATTR, DOT)                                                          \
+  ATTR inline float NAME##_q8_0(const kernels::BlockQ8_0* w, const float* xd, const int8_t* xq,        \
+                                int64_t nb) {                                                          \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                         \
+    int64_t i = 0;                                                                                     \
+    for (; i + 2 <= nb; i += 2) {                                                                      \
+      const __m256i p0 = DOT(load32(w[i].q), load32(xq + i * 32));                                     \
+      const __m256i p1 = DOT(load32(w[i + 1].q), load32(xq + i * 32 + 32));                           \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0); \
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), \
+                           a1);                                                                        \
+    }                                                                                                  \
+    if (i < nb)                                                                                        \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                              \
+                           _mm256_cvtepi32_ps(DOT(load32(w[i].q), load32(xq + i * 32))), a0);          \
+    return hsum256(_mm256_add_ps(a0, a1));                                                             \
+  }                                                                                                    \
+  ATTR inline float NAME##_q4_0(const kernels::BlockQ4_0* w, const float* xd, const int8_t* xq,        \
+                                int64_t nb) {                                                          \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                         \
+    int64_t i = 0;                                                                                     \
+    for (; i + 2 <= nb; i += 2) {                                                                      \
+      const __m256i p0 = DOT(q4_unpack(w[i].q), load32(xq + i * 32));                                  \
+      const __m256i p1 = DOT(q4_unpack(w[i + 1].q), load32(xq + i * 32 + 32));                        \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0); \
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), \
+                           a1);                                                                        \
+    }                                                                                                  \
+    if (i < nb)                                                                                        \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                              \
+                           _mm256_cvtepi32_ps(DOT(q4_unpack(w[i].q), load32(xq + i * 32))), a0);       \
+    return hsum256(_mm256_add_ps(a0, a1));                                                             \
+  }
+
+QKV_LOWP_BLOCK_LOOPS(dot_madd, , dot32_madd)
+
+#if defined(__AVX512F__)
+__attribute__((target("avx512vnni,avx512vl"))) inline __m256i dot32_vnni(__m256i w, __m256i x) {
+  const __m256i u = _mm256_sign_epi8(w, w), s = _mm256_sign_epi8(x, w);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+}
+QKV_LOWP_BLOCK_LOOPS(dot_vnni, __attribute__((target("avx512vnni,avx512vl"))), dot32_vnni)
+#endif
+#undef QKV_LOWP_BLOCK_LOOPS
+
+#endif  // __AVX2__
+
+inline float dot_q8_0(const kernels::BlockQ8_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni) {
+#if defined(__AVX512F__)
+  if (vnni) return dot_vnni_q8_0(w, xd, xq, nb);
+#endif
+  (void)vnni;
+#if defined(__AVX2__)
+  return dot_madd_q8_0(w, xd, xq, nb);
+#else
+  return dot_q8_0_generic(w, xd, xq, nb);
+#endif
+}
+
+inline float dot_q4_0(const kernels::BlockQ4_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni) {
+#if defined(__AVX512F__)
+  if (vnni) return dot_vnni_q4_0(w, xd, xq, nb);
+#endif
+  (void)vnni;
+#if defined(__AVX2__)
+  return dot_madd_q4_0(w, xd, xq, nb);
+#else
+  return dot_q4_0_generic(w, xd, xq, nb);
+#endif
+}
+
+// float16 and bfloat16 rows: widened to float in registers, four accumulators.
+inline float dot_f16(const uint16_t* w, const float* x, int64_t K) {
+#if defined(__AVX512F__)
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+    for (int l = 0; l < 4; ++l)
+      a[l] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k + 16 * l))),
+                             _mm512_loadu_ps(x + k + 16 * l), a[l]);
+  for (; k + 16 <= K; k += 16)
+    a[0] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + k))),
+                           _mm512_loadu_ps(x + k), a[0]);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  for (; k < K; ++k) s += half_to_float(w[k]) * x[k];
+  return s;
+#elif defined(__AVX2__) && defined(__F16C__)
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32)
+    for (int l = 0; l < 4; ++l)
+      a[l] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k + 8 * l))),
+                             _mm256_loadu_ps(x + k + 8 * l), a[l]);
+  for (; k + 8 <= K; k += 8)
+    a[0] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k))),
+                           _mm256_loadu_ps(x + k), a[0]);
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+  for (; k < K; ++k) s += half_to_float(w[k]) * x[k];
+  return s;
+#else
+  return dot_f16_generic(w, x, K);
+#endif
+}
+
+inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
+#if defined(__AVX512F__)
+  auto widen = [](const uint16_t* p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  };
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 64 <= K; k += 64)
+    for (int l = 0; l < 4; ++l) a[l] = _mm512_fmadd_ps(widen(w + k + 16 * l), _mm512_loadu_ps(x + k + 16 * l), a[l]);
+  for (; k + 16 <= K; k += 16) a[0] = _mm512_fmadd_ps(widen(w + k), _mm512_loadu_ps(x + k), a[0]);
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * x[k];
+  return s;
+#elif defined(__AVX2__)
+  auto widen = [](const uint16_t* p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+  };
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32)
+    for (int l = 0; l < 4; ++l) a[l] = _mm256_fmadd_ps(widen(w + k + 8 * l), _mm256_loadu_ps(x + k + 8 * l), a[l]);
+  for (; k + 8 <= K; k += 8) a[0] = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a[0]);
+  float s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * x[k];
+  return s;
+#else
+  return dot_bf16_generic(w, x, K);
+#endif
+}
+
+}  // namespace QKV_ISA
+}  // namespace qkv::simd
+
+#pragma GCC diagnostic pop

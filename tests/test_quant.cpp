@@ -1,0 +1,313 @@
+// Low-precision weights (kernels/quant.h): float16 and bfloat16 conversions against the
+// compiler's _Float16 and an independent nearest-even rule; GGUF's Q8_0 and Q4_0 blocks byte by
+// byte on hand-computed cases; the matrix-vector product of every type on every ISA this CPU has,
+// against its float64 twin with the plain float32 loop's error as the yardstick; int8 products
+// exact for every weight byte (-128 included); NaN and infinity never turned into numbers; the
+// result independent of the thread count and of the other rows.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "error_testing.h"
+#include "kernels/quant.h"
+#include "qkv/cpu.h"
+
+namespace {
+
+using namespace qkv::kernels;
+using qkv::Isa;
+using qkv::testing::error_of;
+
+float as_float(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+TEST(Quant, Float16AgainstTheCompilersFloat16) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    _Float16 c;
+    const auto h16 = static_cast<uint16_t>(h);
+    std::memcpy(&c, &h16, 2);
+    const float want = static_cast<float>(c), got = f16_to_f32(h16);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got)) << h;
+      ASSERT_TRUE(std::isnan(f16_to_f32(f32_to_f16(got)))) << h;
+      continue;
+    }
+    ASSERT_EQ(bits_of(got), bits_of(want)) << "half 0x" << std::hex << h;
+    ASSERT_EQ(f32_to_f16(got), h16) << "round trip of half 0x" << std::hex << h;
+  }
+  // float -> half: random bit patterns over the whole range, and the edges of rounding
+  std::mt19937 rng(16);
+  std::vector<float> xs = {65504.0f, 65519.99f, 65520.0f, 1e9f, -1e9f, 6.1035156e-05f, 6.0975552e-05f,
+                           5.96e-08f, 2.98e-08f, 2.9802322e-08f, 2.9802326e-08f, 1e-10f, 0.0f, -0.0f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                           1.0009765625f /* 1 + 2^-10 */, 1.00048828125f /* halfway, to even */,
+                           1.00146484375f /* halfway, to even upwards */};
+  for (int i = 0; i < 200000; ++i) xs.push_back(as_float(static_cast<uint32_t>(rng())));
+  for (int i = 0; i < 100000; ++i) xs.push_back(std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), -14 - i % 12));
+  for (const float x : xs) {
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(x))));
+      continue;
+    }
+    const _Float16 c = static_cast<_Float16>(x);
+    uint16_t want;
+    std::memcpy(&want, &c, 2);
+    ASSERT_EQ(f32_to_f16(x), want) << "float " << x << " (0x" << std::hex << bits_of(x) << ")";
+  }
+}
+
+TEST(Quant, BFloat16RoundsToNearestEven) {
+  std::mt19937 rng(17);
+  for (int i = 0; i < 300000; ++i) {
+    const uint32_t b = static_cast<uint32_t>(rng());
+    const float x = as_float(b);
+    const uint16_t r = f32_to_bf16(x);
+    if (std::isnan(x)) {
+      EXPECT_TRUE(std::isnan(bf16_to_f32(r)));
+      continue;
+    }
+    // the two bfloat16 neighbours of x, in float64: the nearest, ties to the even one
+    const uint32_t down = b & 0xffff0000u;
+    const double lo = as_float(down), hi = (down & 0x7fffffffu) == 0x7f7f0000u
+                                               ? std::copysign(std::numeric_limits<double>::infinity(), lo)
+                                               : static_cast<double>(as_float(down + 0x10000u));
+    const double dl = std::fabs(x - lo), dh = std::fabs(x - hi);
+    const uint32_t want = dl < dh || (dl == dh && ((down >> 16) & 1) == 0) ? down : down + 0x10000u;
+    ASSERT_EQ(static_cast<uint32_t>(r) << 16, want) << "float 0x" << std::hex << b;
+    ASSERT_EQ(bits_of(bf16_to_f32(r)), want);
+  }
+  EXPECT_EQ(f32_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to infinity
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+}
+
+TEST(Quant, GgufBlocksByteForByte) {
+  float x[32];
+  for (int j = 0; j < 32; ++j) x[j] = static_cast<float>(j - 16);  // -16 .. 15
+  // Q8_0: d = 16 / 127, q_j = round((j - 16) * 127 / 16)
+  BlockQ8_0 b8;
+  ASSERT_EQ(row_bytes(WType::Q8_0, 32), 34u);
+  quantize_row(WType::Q8_0, x, 32, &b8);
+  EXPECT_EQ(b8.d, f32_to_f16(16.0f / 127.0f));
+  EXPECT_EQ(b8.q[0], -127);
+  EXPECT_EQ(b8.q[16], 0);
+  EXPECT_EQ(b8.q[31], 119);  // 15 * 127 / 16 = 119.06
+  EXPECT_EQ(b8.q[20], 32);   // 4 * 127 / 16 = 31.75
+  EXPECT_EQ(b8.q[12], -32);
+  unsigned char raw[34];
+  std::memcpy(raw, &b8, 34);
+  EXPECT_EQ(raw[0] | (raw[1] << 8), b8.d);  // the scale first, little-endian, then the 32 bytes
+  EXPECT_EQ(static_cast<int8_t>(raw[2]), -127);
+  // Q4_0: the element of largest magnitude is -16, d = -16 / -8 = 2, q = min(15, trunc(x / 2 + 8.5))
+  BlockQ4_0 b4;
+  ASSERT_EQ(row_bytes(WType::Q4_0, 64), 36u);
+  quantize_row(WType::Q4_0, x, 32, &b4);
+  EXPECT_EQ(b4.d, f32_to_f16(2.0f));
+  EXPECT_EQ(b4.q[0] & 15, 0);   // x_0 = -16 -> 0.5 -> 0
+  EXPECT_EQ(b4.q[0] >> 4, 8);   // x_16 = 0 -> 8.5 -> 8
+  EXPECT_EQ(b4.q[15] & 15, 8);  // x_15 = -1 -> -0.5 + 8.5 = 8
+  float back[32];
+  dequantize_row(WType::Q4_0, &b4, 32, back);
+  EXPECT_EQ(back[0], -16.0f);
+  EXPECT_EQ(back[31], 14.0f);  // x_31 = 15 -> 16 -> clamped to 15 -> 2 * (15 - 8)
+  dequantize_row(WType::Q8_0, &b8, 32, back);
+  EXPECT_FLOAT_EQ(back[0], f16_to_f32(b8.d) * -127.0f);
+  // whole blocks only; non-finite weights have no scale
+  EXPECT_NE(error_of([] { (void)row_bytes(WType::Q8_0, 33); }).find("q8_0 rows hold whole blocks of 32"),
+            std::string::npos);
+  x[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(error_of([&] { quantize_row(WType::Q4_0, x, 32, &b4); }).find("element 5 of the row is nan"),
+            std::string::npos);
+}
+
+// Every kernel table this CPU can run, by name.
+std::vector<std::pair<std::string, QuantIsa>> tables() {
+  std::vector<std::pair<std::string, QuantIsa>> t = {{"generic", quant_isa(Isa::Generic)}};
+  if (qkv::cpu_supports(Isa::AVX2)) {
+    t.emplace_back("avx2", quant_isa(Isa::AVX2));
+    t.emplace_back("w16avx2", quant_isa_w16avx2());
+  }
+  if (qkv::cpu_supports(Isa::AVX512)) {
+    QuantIsa k = quant_isa(Isa::AVX512);
+    k.vnni = false;
+    t.emplace_back("avx512", k);
+    if (cpu_has_avx512_vnni()) {
+      k.vnni = true;
+      t.emplace_back("avx512+vnni", k);
+    }
+  }
+  return t;
+}
+
+struct Case {
+  WType t;
+  int64_t N, K;
+};
+
+std::vector<uint8_t> random_matrix(WType t, int64_t N, int64_t K, std::mt19937& rng, std::vector<float>* dense) {
+  std::normal_distribution<float> g(0, 1);
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (float& v : w) v = g(rng) * (rng() % 7 == 0 ? 8.0f : 1.0f);  // some blocks with outliers
+  std::vector<uint8_t> packed(row_bytes(t, K) * static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) quantize_row(t, w.data() + n * K, K, packed.data() + n * row_bytes(t, K));
+  if (dense) *dense = w;
+  return packed;
+}
+
+TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
+  std::mt19937 rng(21);
+  const std::vector<Case> cases = {{WType::Q8_0, 37, 32},   {WType::Q8_0, 40, 4096}, {WType::Q8_0, 9, 96},
+                                   {WType::Q4_0, 37, 32},   {WType::Q4_0, 40, 4096}, {WType::Q4_0, 9, 160},
+                                   {WType::F16, 37, 77},    {WType::F16, 40, 4096},  {WType::F16, 3, 5},
+                                   {WType::BF16, 37, 77},   {WType::BF16, 40, 4096}, {WType::BF16, 3, 1}};
+  for (const Case& c : cases) {
+    const auto W = random_matrix(c.t, c.N, c.K, rng, nullptr);
+    std::normal_distribution<float> g(0, 1);
+    std::vector<float> x(static_cast<size_t>(c.K));
+    for (float& v : x) v = g(rng);
+    std::vector<double> ref(static_cast<size_t>(c.N));
+    gemv_reference(c.t, W.data(), c.N, c.K, x.data(), ref.data());
+    // the yardstick: a plain float32 loop over the same dequantised weights and activations
+    std::vector<float> xa(x);
+    if (c.t == WType::Q8_0 || c.t == WType::Q4_0) {
+      std::vector<float> d(static_cast<size_t>(c.K / 32));
+      std::vector<int8_t> q(static_cast<size_t>(c.K));
+      quantize_activations(x.data(), c.K, d.data(), q.data());
+      for (int64_t k = 0; k < c.K; ++k) xa[k] = d[k / 32] * q[k];
+    }
+    std::vector<float> w(static_cast<size_t>(c.K));
+    double plain_err = 0;
+    std::vector<double> scale(static_cast<size_t>(c.N));
+    for (int64_t n = 0; n < c.N; ++n) {
+      dequantize_row(c.t, W.data() + n * row_bytes(c.t, c.K), c.K, w.data());
+      float s = 0;
+      double a = 0;
+      for (int64_t k = 0; k < c.K; ++k) s += w[k] * xa[k], a += std::fabs(static_cast<double>(w[k]) * xa[k]);
+      scale[n] = a;
+      plain_err = std::max(plain_err, std::fabs(s - ref[n]) / a);
+    }
+    std::vector<uint8_t> ws(gemv_workspace_bytes(c.t, c.K));
+    std::vector<float> first;
+    for (const auto& [name, k] : tables()) {
+      std::vector<float> y(static_cast<size_t>(c.N));
+      gemv_with(k, c.t, W.data(), c.N, c.K, x.data(), y.data(), ws.data(), 2);
+      double err = 0;
+      int64_t at = 0;
+      for (int64_t n = 0; n < c.N; ++n)
+        if (const double e = std::fabs(y[n] - ref[n]) / scale[n]; e > err) err = e, at = n;
+      EXPECT_LE(err, 2 * plain_err + 1e-7)
+          << name << " " << wtype_name(c.t) << " N=" << c.N << " K=" << c.K << ": row " << at << " gives " << y[at]
+          << ", float64 " << ref[at] << " (error " << err << " of sum |w x|; the plain float32 loop's: " << plain_err
+          << ")";
+      // the int8 products are exact and every vector ISA sums the same lanes in the same order
+      if ((c.t == WType::Q8_0 || c.t == WType::Q4_0) && name != "generic") {
+        if (first.empty()) first = y;
+        EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size() * 4), 0) << name << " differs from avx2";
+      }
+    }
+  }
+}
+
+TEST(Quant, EveryWeightByteIsExactMinus128Included) {
+  // Q8_0 blocks of -128 (no quantiser writes it; a file may hold it) against negative activations
+  const int64_t K = 64;
+  std::vector<BlockQ8_0> w(2);
+  for (auto& b : w) {
+    b.d = f32_to_f16(0.5f);
+    for (auto& q : b.q) q = -128;
+  }
+  w[1].q[3] = 127, w[1].q[4] = 0, w[1].q[5] = -1;
+  std::vector<float> x(K);
+  for (int64_t k = 0; k < K; ++k) x[k] = -1.0f - static_cast<float>(k % 5);
+  double ref = 0;
+  gemv_reference(WType::Q8_0, w.data(), 1, K, x.data(), &ref);
+  std::vector<uint8_t> ws(gemv_workspace_bytes(WType::Q8_0, K));
+  for (const auto& [name, k] : tables()) {
+    float y = 0;
+    gemv_with(k, WType::Q8_0, w.data(), 1, K, x.data(), &y, ws.data(), 1);
+    EXPECT_NEAR(y, ref, 1e-5 * std::fabs(ref)) << name;
+  }
+  EXPECT_GT(ref, 0);  // -128 * negative: positive, as it must be
+}
+
+TEST(Quant, NanAndInfinityAreNeverTurnedIntoNumbers) {
+  const int64_t K = 64, N = 3;
+  std::mt19937 rng(5);
+  for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
+    auto W = random_matrix(t, N, K, rng, nullptr);
+    std::vector<uint8_t> ws(gemv_workspace_bytes(t, K));
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      std::vector<float> x(K, 0.5f);
+      x[40] = bad;
+      for (const auto& [name, k] : tables()) {
+        std::vector<float> y(N);
+        gemv_with(k, t, W.data(), N, K, x.data(), y.data(), ws.data(), 1);
+        for (int64_t n = 0; n < N; ++n) {
+          if (std::isnan(bad) || t == WType::Q8_0 || t == WType::Q4_0)
+            EXPECT_TRUE(std::isnan(y[n])) << name << " " << wtype_name(t) << " x holds " << bad << ": y = " << y[n];
+          else
+            EXPECT_FALSE(std::isfinite(y[n])) << name << " " << wtype_name(t) << " x holds " << bad << ": y = " << y[n];
+        }
+      }
+    }
+    // a NaN scale (Q types) or weight (float types) in row 1 only
+    if (t == WType::Q8_0) reinterpret_cast<BlockQ8_0*>(W.data() + row_bytes(t, K))[1].d = 0x7e00;
+    if (t == WType::Q4_0) reinterpret_cast<BlockQ4_0*>(W.data() + row_bytes(t, K))[1].d = 0x7e00;
+    if (t == WType::F16) reinterpret_cast<uint16_t*>(W.data() + row_bytes(t, K))[50] = 0x7e00;
+    if (t == WType::BF16) reinterpret_cast<uint16_t*>(W.data() + row_bytes(t, K))[50] = 0x7fc0;
+    std::vector<float> x(K, 0.25f);
+    for (const auto& [name, k] : tables()) {
+      std::vector<float> y(N);
+      gemv_with(k, t, W.data(), N, K, x.data(), y.data(), ws.data(), 1);
+      EXPECT_TRUE(std::isfinite(y[0]) && std::isnan(y[1]) && std::isfinite(y[2]))
+          << name << " " << wtype_name(t) << ": " << y[0] << " " << y[1] << " " << y[2];
+    }
+  }
+}
+
+TEST(Quant, RowsDependOnNeitherThreadsNorOtherRows) {
+  std::mt19937 rng(9);
+  const int64_t N = 301, K = 512;
+  for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
+    const auto W = random_matrix(t, N, K, rng, nullptr);
+    std::vector<float> x(K);
+    for (float& v : x) v = std::normal_distribution<float>(0, 1)(rng);
+    std::vector<uint8_t> ws(gemv_workspace_bytes(t, K));
+    std::vector<float> y1(N), y2(N), y7(N), part(N - 100);
+    gemv(t, W.data(), N, K, x.data(), y1.data(), ws.data(), 1);
+    gemv(t, W.data(), N, K, x.data(), y2.data(), ws.data(), 2);
+    gemv(t, W.data(), N, K, x.data(), y7.data(), ws.data(), 7);
+    gemv(t, W.data() + 100 * row_bytes(t, K), N - 100, K, x.data(), part.data(), ws.data(), 2);
+    EXPECT_EQ(std::memcmp(y1.data(), y2.data(), N * 4), 0) << wtype_name(t);
+    EXPECT_EQ(std::memcmp(y1.data(), y7.data(), N * 4), 0) << wtype_name(t);
+    EXPECT_EQ(std::memcmp(y1.data() + 100, part.data(), (N - 100) * 4), 0) << wtype_name(t);
+  }
+}
+
+TEST(Quant, ActivationQuantisationErrorIsBounded) {
+  // per block: |x - d q| <= d / 2 with d = max|x| / 127, and the all-zero block stays zero
+  std::mt19937 rng(3);
+  std::vector<float> x(256), d(8);
+  std::vector<int8_t> q(256);
+  for (float& v : x) v = std::normal_distribution<float>(0, 3)(rng);
+  for (int j = 64; j < 96; ++j) x[j] = 0;
+  quantize_activations(x.data(), 256, d.data(), q.data());
+  EXPECT_EQ(d[2], 0.0f);
+  for (int j = 0; j < 256; ++j) {
+    EXPECT_LE(std::fabs(x[j] - d[j / 32] * q[j]), 0.5f * d[j / 32] * 1.0001f + 1e-30f) << j;
+    EXPECT_LE(std::abs(static_cast<int>(q[j])), 127);
+  }
+}
+
+}  // namespace
