@@ -23,12 +23,15 @@ struct DecodeBenchOptions {
   int64_t prompt = 16, tokens = 64;
   int reps = 3;
   bool json = false;
+  std::string dtype = "f32";
 };
 
 int run_bench_decode(const DecodeBenchOptions& o) {
   // --model: the preset (random weights), or a directory whose weights are loaded
   Model model = (o.model != "gpt2-small" && o.model != "transformer-base") ? load_model(o.model) : Model(bench_preset(o.model));
   if (!(o.model != "gpt2-small" && o.model != "transformer-base")) model.init(1);
+  const WType wt = parse_wtype(o.dtype, "--dtype");
+  if (wt != WType::F32) model.pack_weights(wt);
   const ModelConfig& cfg = model.config();
   check(cfg.arch == Arch::Decoder, "bench decode: --model ", o.model, " is a ", arch_name(cfg.arch),
         " model; decode measures a decoder-only model (gpt2-small, or a gpt2 / llama directory)");
@@ -53,22 +56,21 @@ int run_bench_decode(const DecodeBenchOptions& o) {
     best = std::min(best, (many - one) / static_cast<double>(o.tokens));
   }
   const double tok_s = 1.0 / best;
-  // bytes read per token: every parameter but the unused rows of the position table
-  int64_t params = model.num_parameters();
-  if (const Parameter* p = model.find("pos_embed.weight")) params -= p->var->value.numel() - cfg.d_model;
-  const double bytes = static_cast<double>(params) * sizeof(float);
+  // bytes read per token: every parameter (packed ones at their size) but the unused rows of the
+  // position table
+  const double bytes = model.weight_bytes_per_token();
   const double bw = read_bandwidth_gbs(1024, 5);
   const double bound = bw * 1e9 / bytes;
   if (o.json) {
     nlohmann::json j = {{"model", o.model},        {"batch", 1},           {"prompt", o.prompt},
-                        {"tokens", o.tokens},      {"threads", num_threads()}, {"tokens_per_s", tok_s},
+                        {"tokens", o.tokens},      {"threads", num_threads()}, {"dtype", wtype_name(wt)}, {"tokens_per_s", tok_s},
                         {"ms_per_token", 1e3 * best}, {"weight_mib", bytes / (1 << 20)},
                         {"read_bandwidth_gbs", bw}, {"bound_tokens_per_s", bound}, {"fraction_of_bound", tok_s / bound}};
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::printf("qkv bench decode: %s, batch 1, prompt %lld, %lld new tokens (greedy, KV cache), %d threads\n",
-              o.model.c_str(), static_cast<long long>(o.prompt), static_cast<long long>(o.tokens), num_threads());
+  std::printf("qkv bench decode: %s (%s weights), batch 1, prompt %lld, %lld new tokens (greedy, KV cache), %d threads\n",
+              o.model.c_str(), wtype_name(wt), static_cast<long long>(o.prompt), static_cast<long long>(o.tokens), num_threads());
   std::printf("  decode: %.2f ms/token = %.1f tokens/s (best of %d)\n", 1e3 * best, tok_s, o.reps);
   std::printf("  bound: %.0f MiB of weights per token at %.1f GB/s read bandwidth = %.1f tokens/s; qkv reaches %.0f%%\n",
               bytes / (1 << 20), bw, bound, 100 * tok_s / bound);
@@ -85,6 +87,7 @@ Runner add_bench_decode(CLI::App& bench) {
   c->add_option("--prompt", o->prompt, "Prompt tokens")->transform(whole(1, 512));
   c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->transform(whole(2, 512));
   c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->transform(whole(1, 100));
+  c->add_option("--dtype", o->dtype, "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (q8_0), q4 (q4_0), as generate --dtype");
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_decode(*o); };
 }

@@ -102,7 +102,7 @@ struct DecodeOptions {
   double length_penalty = 1.0, temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
   uint64_t seed = 0;
   bool sample = false;
-  std::string attention_map;
+  std::string attention_map, dtype = "f32";
   // the options given, for the combinations resolve() refuses
   CLI::Option *beam_opt = nullptr, *length_penalty_opt = nullptr, *repetition_opt = nullptr, *layer_opt = nullptr,
               *head_opt = nullptr;
@@ -135,12 +135,22 @@ struct DecodeOptions {
                      : "Write the cross-attention of --layer/--head for the first input as an SVG heatmap");
     layer_opt = c->add_option("--layer", layer, "Attention map layer (default -1: the last)")->transform(whole(-4096, 4096));
     head_opt = c->add_option("--head", head, "Attention map head (default 0)")->transform(whole(0, 4096));
+    c->add_option("--dtype", dtype,
+                  "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (GGUF's Q8_0) or q4 "
+                  "(Q4_0), packed at load; the output layer is packed at 8 bits or more, the embedding lookup and norms stay "
+                  "float32 (docs/formats.md)");
+  }
+  // --dtype: the model's projection matrices packed for the products (checked before loading).
+  WType weight_type() const { return parse_wtype(dtype, "--dtype"); }
+  void pack(Model& m) const {
+    if (const WType t = weight_type(); t != WType::F32) m.pack_weights(t);
   }
   // Settles the beam and refuses options that would be silently ignored: sampling draws one
   // token at a time, so --sample turns the default beam off and refuses an explicit --beam N > 1;
   // the sampling options need --sample; beam search ranks by --length-penalty and applies no
   // --repetition-penalty.
   void resolve() {
+    (void)weight_type();
     if (sample) {
       check(beam_opt->count() == 0 || beam == 1, "--sample and --beam ", beam,
             " exclude each other: sampling draws one token at a time, beam search keeps the most probable "
@@ -296,7 +306,8 @@ Runner add_translate(CLI::App& app) {
   o->d.add(c, false);
   return [o] {
     o->d.resolve();
-    const Loaded L = load_model_dir(o->model, Task::Translate, "translate");
+    Loaded L = load_model_dir(o->model, Task::Translate, "translate");
+    o->d.pack(L.model);
     const std::vector<std::string> lines = input_lines(o->input);
     Generation map;
     std::vector<int32_t> src0;
@@ -339,7 +350,8 @@ Runner add_generate(CLI::App& app) {
                                     " best continuations (give -n <= --beam)")
                    : std::string(" without --sample: greedy decoding has one continuation (add --sample for "
                                  "different samples, or --beam N >= -n for the N best)"));
-    const Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
+    Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
+    o->d.pack(L.model);
     const ModelConfig& mc = L.model.config();
     o->d.check_map(mc.n_layers, mc.n_heads);
     std::vector<int32_t> prompt = prompt_ids(*L.tok, checked_text(o->prompt, "--prompt"));
@@ -520,7 +532,9 @@ Runner add_eval(CLI::App& app) {
       o->d.refuse_for(info.task == Task::LanguageModel ? "a language" : "a classification");
       check(hyp_out->count() == 0, "--hyp-out writes translations; this is not a translation model");
     }
-    const Loaded L = load_model_dir(o->model, info.task, "eval");
+    (void)o->d.weight_type();
+    Loaded L = load_model_dir(o->model, info.task, "eval");
+    o->d.pack(L.model);
     std::string data = o->data;
     if (data.empty()) {
       data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");

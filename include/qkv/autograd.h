@@ -26,8 +26,13 @@
 
 namespace qkv {
 
+struct PackedWeight;  // qkv/quant.h
+
 struct Node {
   Tensor value;               // float32, contiguous
+  // A projection matrix packed for inference (Model::pack_weights): ops::linear multiplies by
+  // this instead of `value` (which keeps the float32 values it was packed from).
+  std::shared_ptr<const PackedWeight> packed;
   Tensor grad;                // same shape; meaningful only when has_grad
   bool has_grad = false;      // false: grad holds nothing yet (the next write overwrites)
   bool requires_grad = false; // false: backward skips this node (inputs, constants)

@@ -23,6 +23,7 @@
 
 #include "qkv/autograd.h"
 #include "qkv/config.h"
+#include "qkv/quant.h"
 #include "qkv/ops.h"
 #include "qkv/tensor.h"
 
@@ -62,6 +63,15 @@ class Model {
   const std::vector<Parameter>& parameters() const { return params_; }
   const Parameter* find(const std::string& name) const;
   int64_t num_parameters() const;
+  // For inference: packs every projection matrix (each 2-D parameter under weight decay) to `t`,
+  // so that ops::linear multiplies by it (qkv/quant.h), and the output layer of a decoder (the
+  // embedding table when tied) to Q8_0 for Q4_0 and to `t` otherwise, as llama.cpp keeps its
+  // output layer at 8 bits or more. F32 unpacks. Returns the number of matrices packed. The
+  // float32 values stay (the embedding lookup, training, export and saving use them).
+  int64_t pack_weights(WType t);
+  // Bytes the products read per token: packed matrices at their packed size, the rest float32
+  // (less the unused rows of a learned position table).
+  double weight_bytes_per_token() const;
   // The number of parameters `config` implies, counted without allocating anything (the same
   // construction, planned); a double, since a hostile config may imply more than 2^63.
   static double parameter_count(const ModelConfig& config);

@@ -16,6 +16,7 @@
 #include "qkv/ops.h"
 #include "qkv/parallel.h"
 #include "qkv/rng.h"
+#include "qkv/quant.h"
 #include "qkv/safetensors.h"
 #include "qkv/schedule.h"
 #include "qkv/signals.h"

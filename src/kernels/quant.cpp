@@ -10,7 +10,7 @@
 
 #include "qkv/error.h"
 
-namespace qkv::kernels {
+namespace qkv {
 
 const char* wtype_name(WType t) {
   switch (t) {
@@ -22,6 +22,41 @@ const char* wtype_name(WType t) {
   }
   return "?";
 }
+
+WType parse_wtype(const std::string& s, const std::string& what) {
+  if (s == "f32" || s == "float32") return WType::F32;
+  if (s == "bf16" || s == "bfloat16") return WType::BF16;
+  if (s == "f16" || s == "float16") return WType::F16;
+  if (s == "int8" || s == "q8_0") return WType::Q8_0;
+  if (s == "q4" || s == "q4_0") return WType::Q4_0;
+  fail(what, " ", s, ": expected f32, bf16, f16, int8 (q8_0) or q4 (q4_0)");
+}
+
+std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name) {
+  check(w.dim() == 2 && w.dtype() == DType::F32, name, ": a packed weight is a float32 matrix, got ", w.describe());
+  auto p = std::make_shared<PackedWeight>();
+  p->type = t, p->rows = w.size(0), p->cols = w.size(1);
+  try {
+    p->row_bytes = kernels::row_bytes(t, p->cols);
+  } catch (const Error& e) {
+    fail(name, " ", shape_str(w.shape()), ": ", e.what());
+  }
+  p->bytes = std::make_shared<Storage>(p->row_bytes * static_cast<size_t>(p->rows), false);
+  const Tensor c = w.contiguous();
+  const float* src = c.data<float>();
+  for (int64_t r = 0; r < p->rows; ++r) {
+    try {
+      kernels::quantize_row(t, src + r * p->cols, p->cols, const_cast<uint8_t*>(p->row(r)));
+    } catch (const Error& e) {
+      fail(name, " row ", r, ": ", e.what());
+    }
+  }
+  return p;
+}
+
+}  // namespace qkv
+
+namespace qkv::kernels {
 
 size_t row_bytes(WType t, int64_t K) {
   check(K >= 0, "row_bytes: negative row length ", K);

@@ -18,10 +18,12 @@
 #include <string>
 
 #include "qkv/cpu.h"
+#include "qkv/quant.h"
 
 namespace qkv::kernels {
 
-enum class WType { F32, BF16, F16, Q8_0, Q4_0 };
+using qkv::WType;
+using qkv::wtype_name;
 
 constexpr int64_t kQBlock = 32;  // weights per Q8_0 / Q4_0 block
 
@@ -36,7 +38,6 @@ struct BlockQ4_0 {
 static_assert(sizeof(BlockQ8_0) == 34 && alignof(BlockQ8_0) == 2, "GGUF's Q8_0 block is 34 bytes");
 static_assert(sizeof(BlockQ4_0) == 18 && alignof(BlockQ4_0) == 2, "GGUF's Q4_0 block is 18 bytes");
 
-const char* wtype_name(WType t);  // "f32", "bf16", "f16", "q8_0", "q4_0"
 // Bytes of one row of K weights; K must be a multiple of 32 for Q8_0 and Q4_0 (checked).
 size_t row_bytes(WType t, int64_t K);
 

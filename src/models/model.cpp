@@ -208,6 +208,43 @@ int64_t Model::num_parameters() const {
   return n;
 }
 
+namespace {
+constexpr int64_t kernels_block() { return 32; }  // Q8_0 rows hold whole blocks
+}  // namespace
+
+int64_t Model::pack_weights(WType t) {
+  int64_t n = 0;
+  for (Parameter& p : params_) {
+    if (!p.decay || p.var->value.dim() != 2 || p.name == "lm_head.weight") continue;
+    p.var->packed = t == WType::F32 ? nullptr : pack_weight(p.var->value, t, p.name);
+    n += t != WType::F32;
+  }
+  // The output layer (the embedding table when tied; the lookup keeps reading its float32 values)
+  // at 8 bits or more, as llama.cpp's mixes keep it: Q8_0 for q4, the type itself otherwise.
+  const Var& head = impl_->lm_head.w;
+  const WType ht = t == WType::Q4_0 ? WType::Q8_0 : t;
+  const bool blocks = ht == WType::Q8_0;
+  if (head && head->value.dim() == 2 && (!blocks || head->value.size(1) % kernels_block() == 0)) {
+    head->packed = t == WType::F32 ? nullptr : pack_weight(head->value, ht, "lm_head.weight");
+    n += t != WType::F32;
+  }
+  return n;
+}
+
+double Model::weight_bytes_per_token() const {
+  double bytes = 0;
+  for (const Parameter& p : params_) {
+    if (p.var->packed) {
+      bytes += static_cast<double>(p.var->packed->row_bytes) * static_cast<double>(p.var->packed->rows);
+    } else {
+      int64_t n = p.var->value.numel();
+      if (p.name == "pos_embed.weight") n = config_.d_model;  // one row per token
+      bytes += static_cast<double>(n) * sizeof(float);
+    }
+  }
+  return bytes;
+}
+
 void Model::init(uint64_t seed) {
   Rng rng(seed);
   const ModelConfig& c = config_;

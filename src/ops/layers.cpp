@@ -9,11 +9,13 @@
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/norm.h"
+#include "kernels/quant.h"
 #include "ops/op_util.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/ops.h"
 #include "qkv/parallel.h"
+#include "qkv/quant.h"
 
 namespace qkv::ops {
 
@@ -47,8 +49,45 @@ Tensor as_ids(const Tensor& t, const char* what) {
 
 // ---- linear ------------------------------------------------------------------------------
 
+namespace {
+
+// y <- x W[r0:r1]^T (+ b) with W packed (inference only): each row of x is one matrix-vector
+// product (kernels::gemv), so a row's result is the same whatever the other rows.
+Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b, int64_t row_begin, int64_t row_end,
+                  int64_t bias_begin) {
+  const Tensor& X = value_of(x, "linear", "input");
+  check(!(tape.recording && (needs_grad(x) || needs_grad(b))),
+        "linear: a weight packed to ", wtype_name(P.type), " is for inference; it takes no gradient");
+  const int64_t In = P.cols;
+  if (row_end < 0) row_end = P.rows;
+  check(0 <= row_begin && row_begin <= row_end && row_end <= P.rows, "linear: rows [", row_begin, ", ", row_end,
+        ") outside the weight's ", P.rows, " rows");
+  check(X.dim() >= 1 && X.size(-1) == In, "linear: input ", shape_str(X.shape()), " does not end in the weight's In = ",
+        In);
+  const int64_t Out = row_end - row_begin, N = X.numel() / std::max<int64_t>(In, 1);
+  if (bias_begin < 0) bias_begin = row_begin;
+  if (b) check(b->value.dim() == 1 && bias_begin + Out <= b->value.size(0), "linear: bias ",
+               shape_str(b->value.shape()), " has no elements ", bias_begin, "..", bias_begin + Out - 1);
+  Var y = new_output(with_last(X.shape(), Out), false);
+  float* Y = y->value.data<float>();
+  const float* Xp = X.data<float>();
+  std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(P.type, In));
+  const int threads = num_threads();
+  for (int64_t i = 0; i < N; ++i) {
+    kernels::gemv(P.type, P.row(row_begin), Out, In, Xp + i * In, Y + i * Out, ws.data(), threads);
+    if (b) {
+      const float* bias = b->value.data<float>() + bias_begin;
+      for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
+    }
+  }
+  return y;
+}
+
+}  // namespace
+
 Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_begin, int64_t row_end,
            int64_t bias_begin) {
+  if (w && w->packed) return linear_packed(tape, x, *w->packed, b, row_begin, row_end, bias_begin);
   const Tensor& X = value_of(x, "linear", "input");
   const Tensor& W = value_of(w, "linear", "weight");
   check(W.dim() == 2, "linear: weight must be (Out, In), got ", shape_str(W.shape()));
