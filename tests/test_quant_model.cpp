@@ -81,6 +81,35 @@ TEST(QuantModel, LogitsMatchTheDequantisedFloatModel) {
   }
 }
 
+// 32 rows or more (a prompt, a scored batch): tiles of the weights dequantised and multiplied in
+// float32, the activations unquantised, so every type is the dequantised model to float rounding;
+// under BatchInvariantGemm each row takes the matrix-vector path as in decoding.
+TEST(QuantModel, ManyRowsMultiplyTheDequantisedWeightsInFloat) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 7 + 3) % 64);
+  for (WType t : {WType::BF16, WType::Q8_0, WType::Q4_0}) {
+    Model m(lm_config());
+    m.init(4);
+    m.pack_weights(t);
+    const Tensor got = logits_of(m, ids), want = logits_of(dequantised_twin(m, 4), ids);
+    Tensor rowwise;
+    {
+      BatchInvariantGemm invariant;
+      rowwise = logits_of(m, ids);
+    }
+    double err = 0, range = 0, rowwise_err = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      err = std::max(err, std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]));
+      rowwise_err = std::max(rowwise_err, std::fabs(static_cast<double>(rowwise.data<float>()[i]) - want.data<float>()[i]));
+      range = std::max(range, std::fabs(static_cast<double>(want.data<float>()[i])));
+    }
+    EXPECT_LE(err, 1e-5 * range) << wtype_name(t);
+    const bool int8 = t != WType::BF16;
+    EXPECT_LE(rowwise_err, (int8 ? 2e-2 : 1e-5) * range) << wtype_name(t) << " row by row";
+    if (int8) EXPECT_GT(rowwise_err, 1e-5 * range) << wtype_name(t) << ": row by row quantises the activations";
+  }
+}
+
 TEST(QuantModel, GreedyTokensAreTheSameAloneBatchedAndAtAnyThreadCount) {
   for (WType t : {WType::Q8_0, WType::Q4_0, WType::BF16}) {
     Model m(lm_config());

@@ -21,6 +21,8 @@ class BatchInvariantGemm {
   ~BatchInvariantGemm();
   BatchInvariantGemm(const BatchInvariantGemm&) = delete;
   BatchInvariantGemm& operator=(const BatchInvariantGemm&) = delete;
+  // Whether one lives on this thread (packed weights then multiply row by row too).
+  static bool active();
 };
 
 struct BlasInfo {

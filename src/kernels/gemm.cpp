@@ -40,6 +40,7 @@ constexpr int64_t kInvariantColumns = 64;  // columns per task: a fixed split, w
 
 BatchInvariantGemm::BatchInvariantGemm() { ++g_batch_invariant; }
 BatchInvariantGemm::~BatchInvariantGemm() { --g_batch_invariant; }
+bool BatchInvariantGemm::active() { return g_batch_invariant > 0; }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

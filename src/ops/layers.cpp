@@ -51,6 +51,9 @@ Tensor as_ids(const Tensor& t, const char* what) {
 
 namespace {
 
+// Rows of x from which a packed product dequantises tiles of W for the float32 product.
+constexpr int64_t kPackedGemmRows = 32;
+
 // y <- x W[r0:r1]^T (+ b) with W packed (inference only): each row of x is one matrix-vector
 // product (kernels::gemv), so a row's result is the same whatever the other rows.
 Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b, int64_t row_begin, int64_t row_end,
@@ -71,8 +74,28 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
   Var y = new_output(with_last(X.shape(), Out), false);
   float* Y = y->value.data<float>();
   const float* Xp = X.data<float>();
-  std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(P.type, In));
   const int threads = num_threads();
+  if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0) {
+    // Many rows (a prompt, a batch being scored): tiles of the weight rows dequantised to float32
+    // and multiplied by the float32 product, which beats one matrix-vector pass per row. The
+    // activations are not quantised here; decoding's single rows, and every row under
+    // BatchInvariantGemm, take the matrix-vector path.
+    constexpr int64_t kTile = 256;
+    std::vector<float> tile(static_cast<size_t>(std::min(Out, kTile) * In));
+    for (int64_t r0 = 0; r0 < Out; r0 += kTile) {
+      const int64_t rows = std::min(kTile, Out - r0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t r = 0; r < rows; ++r)
+        kernels::dequantize_row(P.type, P.row(row_begin + r0 + r), In, tile.data() + r * In);
+      if (b) {
+        const float* bias = b->value.data<float>() + bias_begin + r0;
+        for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + rows, Y + i * Out + r0);
+      }
+      sgemm(false, true, N, rows, In, 1.0f, Xp, In, tile.data(), In, b ? 1.0f : 0.0f, Y + r0, Out);
+    }
+    return y;
+  }
+  std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(P.type, In));
   for (int64_t i = 0; i < N; ++i) {
     kernels::gemv(P.type, P.row(row_begin), Out, In, Xp + i * In, Y + i * Out, ws.data(), threads);
     if (b) {
