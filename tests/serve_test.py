@@ -378,6 +378,37 @@ def lm_checks(ck, qkv, lm):
         s.stop()
 
 
+def packed_checks(ck, qkv, lm):
+    """--dtype: the projections packed at load; under load a seeded request's answer equals the
+    request alone (sampled, so that the text is not one repeated token of a barely trained model)."""
+    for dtype in ("int8", "q4", "bf16"):
+        s = Server(qkv, lm, "--api-key", KEY, "--slots", "4", "--dtype", dtype)
+        try:
+            base = {"prompt": "And God said", "max_tokens": 16, "temperature": 1.0, "seed": 7}
+            st, alone = s.request("POST", "/v1/completions", base)
+            ok = st == 200 and completion_ok(alone)
+            results = {}
+
+            def client(i):
+                body = dict(base) if i % 2 == 0 else {"prompt": "let there be %d" % i, "max_tokens": 8 + i,
+                                                        "temperature": 0.8, "seed": i}
+                results[i] = s.request("POST", "/v1/completions", body)
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            same = ok and all(results[i][0] == 200 and results[i][1]["choices"][0]["text"] == alone["choices"][0]["text"]
+                              for i in range(0, 8, 2))
+            ck.report(same and all(results[i][0] == 200 for i in results),
+                      "--dtype %s: 8 parallel clients answered; the seeded ones equal the request alone (%r)" %
+                      (dtype, alone["choices"][0]["text"] if ok else None),
+                      (alone, results))
+        finally:
+            s.stop()
+
+
 def task_checks(ck, qkv, tr, cls, work):
     s = Server(qkv, tr)
     try:
@@ -581,6 +612,7 @@ def main():
                           "byte"])
     ck = Checks()
     lm_checks(ck, qkv, lm)
+    packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     inspect_checks(ck, qkv, lm, tr, work)
     print("%d passed, %d failed" % (ck.passed, ck.failed))

@@ -30,8 +30,8 @@ int run_bench_decode(const DecodeBenchOptions& o) {
   // --model: the preset (random weights), or a directory whose weights are loaded
   Model model = (o.model != "gpt2-small" && o.model != "transformer-base") ? load_model(o.model) : Model(bench_preset(o.model));
   if (!(o.model != "gpt2-small" && o.model != "transformer-base")) model.init(1);
-  const WType wt = parse_wtype(o.dtype, "--dtype");
-  if (wt != WType::F32) model.pack_weights(wt);
+  const WType wt = dtype_of(o.dtype);
+  pack_for_dtype(model, o.dtype);
   const ModelConfig& cfg = model.config();
   check(cfg.arch == Arch::Decoder, "bench decode: --model ", o.model, " is a ", arch_name(cfg.arch),
         " model; decode measures a decoder-only model (gpt2-small, or a gpt2 / llama directory)");
@@ -87,7 +87,7 @@ Runner add_bench_decode(CLI::App& bench) {
   c->add_option("--prompt", o->prompt, "Prompt tokens")->transform(whole(1, 512));
   c->add_option("--tokens", o->tokens, "Tokens generated per timed run")->transform(whole(2, 512));
   c->add_option("--reps", o->reps, "Timed runs (the best is reported)")->transform(whole(1, 100));
-  c->add_option("--dtype", o->dtype, "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (q8_0), q4 (q4_0), as generate --dtype");
+  c->add_option("--dtype", o->dtype, kDtypeHelp);
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_decode(*o); };
 }

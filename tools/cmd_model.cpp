@@ -140,7 +140,7 @@ int run_import(const ImportOptions& o) {
 // ---- forward -------------------------------------------------------------------------------------
 
 struct ForwardCmd {
-  std::string model, out, grads, generated, attention;
+  std::string model, out, grads, generated, attention, dtype = "f32";
   BatchFiles batch;
   float label_smoothing = 0;
   int64_t generate = 0;
@@ -185,7 +185,10 @@ std::vector<std::pair<std::string, Tensor>> attention_arrays(const Model& m, con
 }
 
 int run_forward(const ForwardCmd& o) {
+  check(o.grads.empty() || dtype_of(o.dtype) == WType::F32, "--grads and --dtype ", o.dtype,
+        " exclude each other: packed weights are for inference and take no gradient");
   Model m = load_model(o.model);
+  pack_for_dtype(m, o.dtype);
   const Batch b = o.batch.load(m);
   check(o.grads.empty() || b.target.defined(), "--grads needs --target (gradients of the loss)");
   if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
@@ -369,6 +372,7 @@ Runner add_forward(CLI::App& app) {
   auto o = std::make_shared<ForwardCmd>();
   CLI::App* c = app.add_subcommand("forward", "Run a model on token ids: logits, loss, and gradients of the loss");
   c->add_option("--model", o->model, "Model directory")->required();
+  c->add_option("--dtype", o->dtype, kDtypeHelp);
   o->batch.add(c, false);
   c->add_option("--out", o->out, "Write the logits here (.npy)");
   c->add_option("--grads", o->grads, "Write d(loss)/d(parameter) as <name>.npy into this directory (needs --target)");

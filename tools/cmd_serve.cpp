@@ -55,7 +55,7 @@ namespace fs = std::filesystem;
 namespace http = qkv::http;
 
 struct ServeOptions {
-  std::string model, host = "127.0.0.1", api_key;
+  std::string model, host = "127.0.0.1", api_key, dtype = "f32";
   std::vector<std::string> allow_hosts;
   int port = 8080;
   int64_t max_connections = 1024, max_client_connections = 256;
@@ -246,7 +246,9 @@ class Server {
   explicit Server(const ServeOptions& o) : o_(o), http_(limits(o), transport_error) {
     check(fs::is_directory(o.model), "--model ", o.model, ": not a directory");
     info_ = model_task_info(o.model);
+    (void)dtype_of(o.dtype);
     model_ = std::make_unique<Model>(load_model(o.model));
+    pack_for_dtype(*model_, o.dtype);
     tok_ = load_tokenizer(o.model);
     check(tok_->vocab_size() <= model_->config().vocab_size, "--model ", o.model, ": the tokenizer's vocabulary (",
           tok_->vocab_size(), ") is larger than config.json's vocab_size (", model_->config().vocab_size, ")");
@@ -266,9 +268,10 @@ class Server {
   int run(StopRequest& stop, const std::function<void(const std::string&)>& on_listen = {}) {
     const int port = http_.bind(o_.host, o_.port);
     port_ = port;
-    std::fprintf(stderr, "qkv serve: %s (%s, %s) on http://%s:%d/  (%lld slots, queue %lld)\n", o_.model.c_str(),
-                 task_name(info_.task), arch_name(model_->config().arch), o_.host.c_str(), port,
-                 static_cast<long long>(o_.slots), static_cast<long long>(o_.max_queue));
+    std::fprintf(stderr, "qkv serve: %s (%s, %s, %s weights) on http://%s:%d/  (%lld slots, queue %lld)\n",
+                 o_.model.c_str(), task_name(info_.task), arch_name(model_->config().arch),
+                 wtype_name(dtype_of(o_.dtype)), o_.host.c_str(), port, static_cast<long long>(o_.slots),
+                 static_cast<long long>(o_.max_queue));
     if (const char* wait = std::getenv("QKV_THREADS_WAIT"))
       std::fprintf(stderr, "qkv serve: threads wait %s; OMP_WAIT_POLICY=active chooses spinning\n", wait);
     const std::string url = detail::concat("http://", url_host(o_.host), ":", port, "/");
@@ -965,6 +968,7 @@ namespace {
 // The options qkv serve and qkv explore share.
 void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--model", o->model, "Model directory (qkv's, or a Hugging Face folder)")->required();
+  c->add_option("--dtype", o->dtype, kDtypeHelp);
   c->add_option("--host", o->host, "Address to listen on (default 127.0.0.1: this machine only)");
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
       ->transform(whole(0, 65535));

@@ -135,16 +135,11 @@ struct DecodeOptions {
                      : "Write the cross-attention of --layer/--head for the first input as an SVG heatmap");
     layer_opt = c->add_option("--layer", layer, "Attention map layer (default -1: the last)")->transform(whole(-4096, 4096));
     head_opt = c->add_option("--head", head, "Attention map head (default 0)")->transform(whole(0, 4096));
-    c->add_option("--dtype", dtype,
-                  "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (GGUF's Q8_0) or q4 "
-                  "(Q4_0), packed at load; the output layer is packed at 8 bits or more, the embedding lookup and norms stay "
-                  "float32 (docs/formats.md)");
+    c->add_option("--dtype", dtype, kDtypeHelp);
   }
   // --dtype: the model's projection matrices packed for the products (checked before loading).
-  WType weight_type() const { return parse_wtype(dtype, "--dtype"); }
-  void pack(Model& m) const {
-    if (const WType t = weight_type(); t != WType::F32) m.pack_weights(t);
-  }
+  WType weight_type() const { return dtype_of(dtype); }
+  void pack(Model& m) const { pack_for_dtype(m, dtype); }
   // Settles the beam and refuses options that would be silently ignored: sampling draws one
   // token at a time, so --sample turns the default beam off and refuses an explicit --beam N > 1;
   // the sampling options need --sample; beam search ranks by --length-penalty and applies no
@@ -397,14 +392,17 @@ Runner add_generate(CLI::App& app) {
 
 Runner add_classify(CLI::App& app) {
   struct O {
-    std::string model, input;
+    std::string model, input, dtype = "f32";
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand("classify", "Label lines (stdin or --input) with a model from qkv train --task classify");
   c->add_option("--model", o->model, "Model directory")->required();
   c->add_option("--input", o->input, "Texts, one per line (default: standard input)")->check(CLI::ExistingFile);
+  c->add_option("--dtype", o->dtype, kDtypeHelp);
   return [o] {
-    const Loaded L = load_model_dir(o->model, Task::Classify, "classify");
+    (void)dtype_of(o->dtype);
+    Loaded L = load_model_dir(o->model, Task::Classify, "classify");
+    pack_for_dtype(L.model, o->dtype);
     for (const std::string& line : input_lines(o->input)) {
       const Tensor z = logits_of(L.model, classifier_ids(*L.tok, line, L.info.max_len));
       const int64_t C = z.size(-1);
@@ -426,6 +424,7 @@ Runner add_fill_mask(CLI::App& app) {
     std::string model, text;
     int64_t top_k = 5;
     bool json = false;
+    std::string dtype = "f32";
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand(
@@ -435,9 +434,12 @@ Runner add_fill_mask(CLI::App& app) {
   c->add_option("--text", o->text, "The text, with the tokenizer's mask token ([MASK]) (default: standard input, line by line)");
   c->add_option("--top-k", o->top_k, "Tokens to show per mask (default 5)")->transform(whole(1, 1000));
   c->add_flag("--json", o->json, "One JSON object per text: for each mask, the tokens with id, logit and probability");
+  c->add_option("--dtype", o->dtype, kDtypeHelp);
   return [o] {
+    (void)dtype_of(o->dtype);
     check(fs::is_directory(o->model), "--model ", o->model, ": not a directory");
-    const Model m = load_model(o->model);
+    Model m = load_model(o->model);
+    pack_for_dtype(m, o->dtype);
     const ModelConfig& mc = m.config();
     check(mc.arch == Arch::EncoderMLM, "--model ", o->model, ": its architecture is ", arch_name(mc.arch),
           "; fill-mask needs a masked-language model (encoder-mlm: BertForMaskedLM)");

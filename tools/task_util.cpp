@@ -305,4 +305,15 @@ void Progress::finish() {
   drawn_ = false;
 }
 
+const char* const kDtypeHelp =
+    "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0), packed at "
+    "load; the output layer is packed at 8 bits or more, the embedding lookup and norms stay float32 "
+    "(docs/formats.md)";
+
+WType dtype_of(const std::string& dtype) { return parse_wtype(dtype, "--dtype"); }
+
+void pack_for_dtype(Model& m, const std::string& dtype) {
+  if (const WType t = dtype_of(dtype); t != WType::F32) m.pack_weights(t);
+}
+
 }  // namespace qkv::cli

@@ -107,4 +107,11 @@ class Progress {
   bool drawn_ = false;
 };
 
+// --dtype, on every command that runs a model: the weight type of its projection matrices
+// (qkv/quant.h), packed at load. The help text is shared; dtype_of names --dtype in its error.
+extern const char* const kDtypeHelp;
+WType dtype_of(const std::string& dtype);
+// Packs `m` for --dtype (nothing for f32).
+void pack_for_dtype(Model& m, const std::string& dtype);
+
 }  // namespace qkv::cli
