@@ -313,7 +313,17 @@ const char* const kDtypeHelp =
 WType dtype_of(const std::string& dtype) { return parse_wtype(dtype, "--dtype"); }
 
 void pack_for_dtype(Model& m, const std::string& dtype) {
-  if (const WType t = dtype_of(dtype); t != WType::F32) m.pack_weights(t);
+  const WType t = dtype_of(dtype);
+  if (t == WType::F32) return;
+  std::vector<std::string> fallback;
+  m.pack_weights(t, &fallback);
+  if (!fallback.empty()) {
+    std::string names;
+    for (size_t i = 0; i < fallback.size() && i < 3; ++i) names += (i ? ", " : "") + fallback[i];
+    std::fprintf(stderr, "qkv: note: --dtype %s: %zu matri%s whose rows are not whole blocks of 32 (%s%s) packed as bf16\n",
+                 dtype.c_str(), fallback.size(), fallback.size() == 1 ? "x" : "ces", names.c_str(),
+                 fallback.size() > 3 ? ", ..." : "");
+  }
 }
 
 }  // namespace qkv::cli

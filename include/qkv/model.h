@@ -67,8 +67,10 @@ class Model {
   // so that ops::linear multiplies by it (qkv/quant.h), and the output layer of a decoder (the
   // embedding table when tied) to Q8_0 for Q4_0 and to `t` otherwise, as llama.cpp keeps its
   // output layer at 8 bits or more. F32 unpacks. Returns the number of matrices packed. The
-  // float32 values stay (the embedding lookup, training, export and saving use them).
-  int64_t pack_weights(WType t);
+  // float32 values stay (the embedding lookup, training, export and saving use them). A matrix
+  // whose rows are not whole blocks of 32 cannot take Q8_0 or Q4_0: it is packed as bf16 and
+  // named in `fallback` when given.
+  int64_t pack_weights(WType t, std::vector<std::string>* fallback = nullptr);
   // Bytes the products read per token: packed matrices at their packed size, the rest float32
   // (less the unused rows of a learned position table).
   double weight_bytes_per_token() const;

@@ -212,19 +212,29 @@ namespace {
 constexpr int64_t kernels_block() { return 32; }  // Q8_0 rows hold whole blocks
 }  // namespace
 
-int64_t Model::pack_weights(WType t) {
+int64_t Model::pack_weights(WType t, std::vector<std::string>* fallback) {
   int64_t n = 0;
+  const bool blocks_t = t == WType::Q8_0 || t == WType::Q4_0;
   for (Parameter& p : params_) {
     if (!p.decay || p.var->value.dim() != 2 || p.name == "lm_head.weight") continue;
-    p.var->packed = t == WType::F32 ? nullptr : pack_weight(p.var->value, t, p.name);
+    // a row that is not whole blocks of 32 (a feed-forward width of 172, say) takes bf16
+    WType pt = t;
+    if (blocks_t && p.var->value.size(1) % kernels_block() != 0) {
+      pt = WType::BF16;
+      if (fallback) fallback->push_back(p.name);
+    }
+    p.var->packed = t == WType::F32 ? nullptr : pack_weight(p.var->value, pt, p.name);
     n += t != WType::F32;
   }
   // The output layer (the embedding table when tied; the lookup keeps reading its float32 values)
   // at 8 bits or more, as llama.cpp's mixes keep it: Q8_0 for q4, the type itself otherwise.
   const Var& head = impl_->lm_head.w;
-  const WType ht = t == WType::Q4_0 ? WType::Q8_0 : t;
-  const bool blocks = ht == WType::Q8_0;
-  if (head && head->value.dim() == 2 && (!blocks || head->value.size(1) % kernels_block() == 0)) {
+  WType ht = t == WType::Q4_0 ? WType::Q8_0 : t;
+  if (head && head->value.dim() == 2 && ht == WType::Q8_0 && head->value.size(1) % kernels_block() != 0) {
+    ht = WType::BF16;
+    if (fallback) fallback->push_back("lm_head.weight");
+  }
+  if (head && head->value.dim() == 2) {
     head->packed = t == WType::F32 ? nullptr : pack_weight(head->value, ht, "lm_head.weight");
     n += t != WType::F32;
   }
