@@ -170,6 +170,21 @@ def stream_text(events, n=1):
     return texts, finish
 
 
+def completions_at_once(s, n, body_of):
+    """n clients at once, client i posting body_of(i) to /v1/completions: {i: (status, body)}."""
+    results = {}
+
+    def client(i):
+        results[i] = s.request("POST", "/v1/completions", body_of(i))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def lm_checks(ck, qkv, lm):
     s = Server(qkv, lm, "--api-key", KEY, "--slots", "4", "--max-queue", "32", "--max-body", "4096",
                "--max-tokens", "64")
@@ -189,18 +204,8 @@ def lm_checks(ck, qkv, lm):
         st, again = s.request("POST", "/v1/completions", base)
         ck.report(again["choices"][0]["text"] == alone["choices"][0]["text"], "greedy is deterministic")
         # under load: parallel clients, the same request among others
-        results = {}
-
-        def client(i):
-            body = dict(base) if i % 3 == 0 else {"prompt": "In the beginning %d" % i, "max_tokens": 10 + i % 7,
-                                                    "temperature": 0.9, "seed": i}
-            results[i] = s.request("POST", "/v1/completions", body)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = completions_at_once(s, 16, lambda i: dict(base) if i % 3 == 0 else {
+            "prompt": "In the beginning %d" % i, "max_tokens": 10 + i % 7, "temperature": 0.9, "seed": i})
         same = all(results[i][1]["choices"][0]["text"] == alone["choices"][0]["text"] for i in range(0, 16, 3))
         ck.report(all(results[i][0] == 200 and completion_ok(results[i][1]) for i in results) and same,
                   "16 parallel clients: all answered; the greedy ones equal the request alone")
@@ -387,18 +392,8 @@ def packed_checks(ck, qkv, lm):
             base = {"prompt": "And God said", "max_tokens": 16, "temperature": 1.0, "seed": 7}
             st, alone = s.request("POST", "/v1/completions", base)
             ok = st == 200 and completion_ok(alone)
-            results = {}
-
-            def client(i):
-                body = dict(base) if i % 2 == 0 else {"prompt": "let there be %d" % i, "max_tokens": 8 + i,
-                                                        "temperature": 0.8, "seed": i}
-                results[i] = s.request("POST", "/v1/completions", body)
-
-            threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            results = completions_at_once(s, 8, lambda i: dict(base) if i % 2 == 0 else {
+                "prompt": "let there be %d" % i, "max_tokens": 8 + i, "temperature": 0.8, "seed": i})
             same = ok and all(results[i][0] == 200 and results[i][1]["choices"][0]["text"] == alone["choices"][0]["text"]
                               for i in range(0, 8, 2))
             ck.report(same and all(results[i][0] == 200 for i in results),

@@ -6,6 +6,7 @@
 // result independent of the thread count and of the other rows.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -22,16 +23,8 @@ using namespace qkv::kernels;
 using qkv::Isa;
 using qkv::testing::error_of;
 
-float as_float(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
+float as_float(uint32_t b) { return std::bit_cast<float>(b); }
+uint32_t bits_of(float f) { return std::bit_cast<uint32_t>(f); }
 
 TEST(Quant, Float16AgainstTheCompilersFloat16) {
   for (uint32_t h = 0; h < 65536; ++h) {

@@ -2,6 +2,7 @@
 #include "kernels/quant.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -89,18 +90,13 @@ float f16_to_f32(uint16_t h) {
     bits = sign;  // zero
   } else {
     // subnormal: man * 2^-24, exact in float
-    const float v = static_cast<float>(man) * 0x1p-24f;
-    std::memcpy(&bits, &v, 4);
-    bits |= sign;
+    bits = std::bit_cast<uint32_t>(static_cast<float>(man) * 0x1p-24f) | sign;
   }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+  return std::bit_cast<float>(bits);
 }
 
 uint16_t f32_to_f16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
+  const auto bits = std::bit_cast<uint32_t>(f);
   const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00 | ((abs >> 13) & 0x3ff));  // NaN, quiet
@@ -113,23 +109,15 @@ uint16_t f32_to_f16(float f) {
     return static_cast<uint16_t>(sign | rounded);
   }
   // subnormal or zero in f16: the value in units of 2^-24, rounded to nearest even
-  float a;
-  std::memcpy(&a, &abs, 4);
-  const float units = a * 0x1p24f;  // exact: a < 2^-14, so units < 1024
+  const float units = std::bit_cast<float>(abs) * 0x1p24f;  // exact: a < 2^-14, so units < 1024
   const auto r = static_cast<uint32_t>(std::nearbyint(units));
   return static_cast<uint16_t>(sign | r);  // r == 1024 is the smallest normal, correctly
 }
 
-float bf16_to_f32(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+float bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
 
 uint16_t f32_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
+  const auto bits = std::bit_cast<uint32_t>(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN, quiet
   const uint32_t lsb = (bits >> 16) & 1;
   return static_cast<uint16_t>((bits + 0x7fff + lsb) >> 16);  // nearest even; overflow reaches infinity

@@ -99,52 +99,42 @@ inline __m256i dot32_madd(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-// The block loops, two accumulators; DOT is the 32-product step. Each block: its float scale
-// times its 8 int32 partial sums, added lane-wise; the lanes are summed at the end.
-#define QKV_LOWP_BLOCK_LOOPS(NAME, ATTR, DOT)                                                          \
-  ATTR inline float NAME##_q8_0(const kernels::BlockQ8_0* w, const float* xd, const int8_t* xq,        \
-                                int64_t nb) {                                                          \
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                         \
-    int64_t i = 0;                                                                                     \
-    for (; i + 2 <= nb; i += 2) {                                                                      \
-      const __m256i p0 = DOT(load32(w[i].q), load32(xq + i * 32));                                     \
-      const __m256i p1 = DOT(load32(w[i + 1].q), load32(xq + i * 32 + 32));                           \
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0); \
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), \
-                           a1);                                                                        \
-    }                                                                                                  \
-    if (i < nb)                                                                                        \
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                              \
-                           _mm256_cvtepi32_ps(DOT(load32(w[i].q), load32(xq + i * 32))), a0);          \
-    return hsum256(_mm256_add_ps(a0, a1));                                                             \
-  }                                                                                                    \
-  ATTR inline float NAME##_q4_0(const kernels::BlockQ4_0* w, const float* xd, const int8_t* xq,        \
-                                int64_t nb) {                                                          \
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                         \
-    int64_t i = 0;                                                                                     \
-    for (; i + 2 <= nb; i += 2) {                                                                      \
-      const __m256i p0 = DOT(q4_unpack(w[i].q), load32(xq + i * 32));                                  \
-      const __m256i p1 = DOT(q4_unpack(w[i + 1].q), load32(xq + i * 32 + 32));                        \
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0); \
-      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), \
-                           a1);                                                                        \
-    }                                                                                                  \
-    if (i < nb)                                                                                        \
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                              \
-                           _mm256_cvtepi32_ps(DOT(q4_unpack(w[i].q), load32(xq + i * 32))), a0);       \
-    return hsum256(_mm256_add_ps(a0, a1));                                                             \
+// One block loop, two accumulators: DOT is the 32-product step, UNPACK a block's 32 weights as
+// int8. Each block: its float scale times its 8 int32 partial sums, added lane-wise; the lanes are
+// summed at the end. (A macro, not a template: the VNNI loop needs its target attribute on the
+// function that holds the loop, for its intrinsics to inline.)
+inline __m256i unpack_q8_0(const kernels::BlockQ8_0& b) { return load32(b.q); }
+inline __m256i unpack_q4_0(const kernels::BlockQ4_0& b) { return q4_unpack(b.q); }
+#define QKV_LOWP_BLOCK_LOOP(NAME, ATTR, DOT, BLOCK, UNPACK)                                                      \
+  ATTR inline float NAME(const kernels::BLOCK* w, const float* xd, const int8_t* xq, int64_t nb) {            \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                                 \
+    int64_t i = 0;                                                                                             \
+    for (; i + 2 <= nb; i += 2) {                                                                              \
+      const __m256i p0 = DOT(UNPACK(w[i]), load32(xq + i * 32));                                               \
+      const __m256i p1 = DOT(UNPACK(w[i + 1]), load32(xq + i * 32 + 32));                                     \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0);         \
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), a1); \
+    }                                                                                                          \
+    if (i < nb)                                                                                                \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                                      \
+                           _mm256_cvtepi32_ps(DOT(UNPACK(w[i]), load32(xq + i * 32))), a0);                    \
+    return hsum256(_mm256_add_ps(a0, a1));                                                                     \
   }
 
-QKV_LOWP_BLOCK_LOOPS(dot_madd, , dot32_madd)
+QKV_LOWP_BLOCK_LOOP(dot_madd_q8_0, , dot32_madd, BlockQ8_0, unpack_q8_0)
+QKV_LOWP_BLOCK_LOOP(dot_madd_q4_0, , dot32_madd, BlockQ4_0, unpack_q4_0)
 
 #if defined(__AVX512F__)
 __attribute__((target("avx512vnni,avx512vl"))) inline __m256i dot32_vnni(__m256i w, __m256i x) {
   const __m256i u = _mm256_sign_epi8(w, w), s = _mm256_sign_epi8(x, w);
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
 }
-QKV_LOWP_BLOCK_LOOPS(dot_vnni, __attribute__((target("avx512vnni,avx512vl"))), dot32_vnni)
+#define QKV_VNNI __attribute__((target("avx512vnni,avx512vl")))
+QKV_LOWP_BLOCK_LOOP(dot_vnni_q8_0, QKV_VNNI, dot32_vnni, BlockQ8_0, unpack_q8_0)
+QKV_LOWP_BLOCK_LOOP(dot_vnni_q4_0, QKV_VNNI, dot32_vnni, BlockQ4_0, unpack_q4_0)
+#undef QKV_VNNI
 #endif
-#undef QKV_LOWP_BLOCK_LOOPS
+#undef QKV_LOWP_BLOCK_LOOP
 
 #endif  // __AVX2__
 
