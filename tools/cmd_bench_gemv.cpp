@@ -85,6 +85,16 @@ int run_bench_gemv(const GemvBenchOptions& o) {
       std::printf("  %-5s %8.2f MiB  %9.1f us  %6.1f GB/s  %4.0f%% of bandwidth  (%s)\n", name.c_str(),
                   static_cast<double>(bytes) / (1 << 20), best * 1e6, gbs, 100 * gbs / bw, path.c_str());
   }
+  // a product reading faster than the measured bandwidth read from the caches (--matrix-mib too
+  // small), or the bandwidth was measured low (another process ran): the ratios mean little
+  std::vector<std::string> warnings;
+  for (const auto& e : rows)
+    if (e["fraction_of_bandwidth"].get<double>() > 1.0)
+      warnings.push_back(detail::concat(e["dtype"].get<std::string>(), " read its weights at ",
+                                        static_cast<int>(100 * e["fraction_of_bandwidth"].get<double>()),
+                                        "% of the measured bandwidth: its weights stayed in the caches (raise --matrix-mib) "
+                                        "or the bandwidth was measured low (a busy machine); the ratios mean little"));
+  for (const std::string& w : warnings) std::fprintf(stderr, "qkv bench gemv: warning: %s\n", w.c_str());
   if (!o.json) {
     // products per second relative to float32's: what decoding gains when it is this product
     const auto& r = rows;
@@ -98,7 +108,7 @@ int run_bench_gemv(const GemvBenchOptions& o) {
   }
   nlohmann::json j = {{"rows", N},   {"cols", K}, {"threads", threads}, {"cpu", cpu_description()},
                       {"isa", isa_name(active_isa())}, {"vnni", kernels::cpu_has_avx512_vnni()},
-                      {"read_bandwidth_gbs", bw}, {"results", rows}};
+                      {"read_bandwidth_gbs", bw}, {"results", rows}, {"warnings", warnings}};
   std::cout << j.dump(2) << "\n";
   return 0;
 }
