@@ -119,6 +119,9 @@ TEST(Quant, GgufBlocksByteForByte) {
   // whole blocks only; non-finite weights have no scale
   EXPECT_NE(error_of([] { (void)row_bytes(WType::Q8_0, 33); }).find("q8_0 rows hold whole blocks of 32"),
             std::string::npos);
+  EXPECT_NE(error_of([] { (void)qkv::pack_weight(qkv::Tensor::zeros({2, 32}), WType::F32, "w"); })
+                .find("f32 is not packed"),
+            std::string::npos);
   x[5] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_NE(error_of([&] { quantize_row(WType::Q4_0, x, 32, &b4); }).find("element 5 of the row is nan"),
             std::string::npos);

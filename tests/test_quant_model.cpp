@@ -106,7 +106,9 @@ TEST(QuantModel, ManyRowsMultiplyTheDequantisedWeightsInFloat) {
     EXPECT_LE(err, 1e-5 * range) << wtype_name(t);
     const bool int8 = t != WType::BF16;
     EXPECT_LE(rowwise_err, (int8 ? 2e-2 : 1e-5) * range) << wtype_name(t) << " row by row";
-    if (int8) EXPECT_GT(rowwise_err, 1e-5 * range) << wtype_name(t) << ": row by row quantises the activations";
+    if (int8) {
+      EXPECT_GT(rowwise_err, 1e-5 * range) << wtype_name(t) << ": row by row quantises the activations";
+    }
   }
 }
 
@@ -152,7 +154,9 @@ TEST(QuantModel, PackedWeightsAreForInference) {
   EXPECT_EQ(o.pack_weights(WType::Q4_0, &fallback), 9);
   EXPECT_EQ(fallback, (std::vector<std::string>{"layers.0.linear2.weight", "layers.1.linear2.weight"}));
   for (const Parameter& p : o.parameters())
-    if (p.var->packed && p.var->packed->cols == 72) EXPECT_EQ(p.var->packed->type, WType::BF16) << p.name;
+    if (p.var->packed && p.var->packed->cols == 72) {
+      EXPECT_EQ(p.var->packed->type, WType::BF16) << p.name;
+    }
   EXPECT_EQ(o.pack_weights(WType::BF16), 9);  // 16-bit types take any length
 }
 

@@ -28,7 +28,7 @@ struct PackedWeight {
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(bytes->data()) + static_cast<size_t>(r) * row_bytes; }
 };
 
-// `w` (rows, cols), float32, packed to `t` (cols a multiple of 32 for Q8_0 and Q4_0; a
+// `w` (rows, cols), float32, packed to `t` (not F32; cols a multiple of 32 for Q8_0 and Q4_0; a
 // non-finite weight is an error naming `name`).
 std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name);
 

@@ -35,6 +35,7 @@ WType parse_wtype(const std::string& s, const std::string& what) {
 
 std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name) {
   check(w.dim() == 2 && w.dtype() == DType::F32, name, ": a packed weight is a float32 matrix, got ", w.describe());
+  check(t != WType::F32, name, ": f32 is not packed (float32 products go through qkv::sgemm)");
   auto p = std::make_shared<PackedWeight>();
   p->type = t, p->rows = w.size(0), p->cols = w.size(1);
   try {
@@ -256,6 +257,7 @@ size_t gemv_workspace_bytes(WType t, int64_t K) {
 void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
                void* workspace, int threads) {
   check(N >= 0, "gemv: negative row count ", N);
+  check(t != WType::F32, "gemv: f32 weights go through qkv::sgemm");
   const size_t rb = row_bytes(t, K);
   if (N == 0) return;
   const auto* base = static_cast<const uint8_t*>(W);
@@ -277,13 +279,7 @@ void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, 
     for (int64_t n = c * kRows; n < std::min(N, (c + 1) * kRows); ++n) {
       const uint8_t* row = base + static_cast<size_t>(n) * rb;
       switch (t) {
-        case WType::F32: {
-          const auto* w = reinterpret_cast<const float*>(row);
-          double s = 0;  // not a decoding type here: the float path is qkv::sgemm's
-          for (int64_t j = 0; j < K; ++j) s += static_cast<double>(w[j]) * x[j];
-          y[n] = static_cast<float>(s);
-          break;
-        }
+        case WType::F32: break;  // refused above
         case WType::BF16: y[n] = k.dot_bf16(reinterpret_cast<const uint16_t*>(row), x, K); break;
         case WType::F16: y[n] = k.dot_f16(reinterpret_cast<const uint16_t*>(row), x, K); break;
         case WType::Q8_0: y[n] = k.dot_q8_0(reinterpret_cast<const BlockQ8_0*>(row), xd, xq, nb, k.vnni); break;

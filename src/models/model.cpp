@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/quant.h"
 #include "models/model_impl.h"
 #include "nn/layers.h"
 #include "qkv/cpu.h"
@@ -208,10 +209,6 @@ int64_t Model::num_parameters() const {
   return n;
 }
 
-namespace {
-constexpr int64_t kernels_block() { return 32; }  // Q8_0 rows hold whole blocks
-}  // namespace
-
 int64_t Model::pack_weights(WType t, std::vector<std::string>* fallback) {
   int64_t n = 0;
   const bool blocks_t = t == WType::Q8_0 || t == WType::Q4_0;
@@ -219,7 +216,7 @@ int64_t Model::pack_weights(WType t, std::vector<std::string>* fallback) {
     if (!p.decay || p.var->value.dim() != 2 || p.name == "lm_head.weight") continue;
     // a row that is not whole blocks of 32 (a feed-forward width of 172, say) takes bf16
     WType pt = t;
-    if (blocks_t && p.var->value.size(1) % kernels_block() != 0) {
+    if (blocks_t && p.var->value.size(1) % kernels::kQBlock != 0) {
       pt = WType::BF16;
       if (fallback) fallback->push_back(p.name);
     }
@@ -230,7 +227,7 @@ int64_t Model::pack_weights(WType t, std::vector<std::string>* fallback) {
   // at 8 bits or more, as llama.cpp's mixes keep it: Q8_0 for q4, the type itself otherwise.
   const Var& head = impl_->lm_head.w;
   WType ht = t == WType::Q4_0 ? WType::Q8_0 : t;
-  if (head && head->value.dim() == 2 && ht == WType::Q8_0 && head->value.size(1) % kernels_block() != 0) {
+  if (head && head->value.dim() == 2 && ht == WType::Q8_0 && head->value.size(1) % kernels::kQBlock != 0) {
     ht = WType::BF16;
     if (fallback) fallback->push_back("lm_head.weight");
   }
