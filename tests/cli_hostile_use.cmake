@@ -315,6 +315,33 @@ expect_error("generate --dtype q3" "--dtype q3: expected f32, bf16, f16, int8 (q
              --model "${w}/lm" --prompt "one" --dtype q3)
 run_qkv(0 out err --threads 1 eval --model "${w}/lm" --dtype int8)
 expect_contains("${out}" "perplexity" "eval --dtype int8")
+# qkv quantize writes a directory that generates as --dtype does at load, token for token, and
+# evaluates to the same loss; another --dtype on it, or a bad --out, is refused
+foreach(t int8 q4 bf16)
+  run_qkv(0 out err quantize --model "${w}/lm" --dtype ${t} --out "${w}/lm_${t}")
+  expect_contains("${out}" " weights, " "quantize --dtype ${t}")
+  expect_file("${w}/lm_${t}/task.json" "quantize copies task.json")
+  run_qkv(0 want err --threads 1 generate --model "${w}/lm" --prompt "one" --max-len 8 --dtype ${t})
+  run_qkv(0 got err --threads 1 generate --model "${w}/lm_${t}" --prompt "one" --max-len 8)
+  if(NOT got STREQUAL want)
+    message(FATAL_ERROR "quantize --dtype ${t}: the packed directory generates '${got}', packing at load '${want}'")
+  endif()
+  run_qkv(0 want err --threads 1 eval --model "${w}/lm" --dtype ${t})
+  run_qkv(0 got err --threads 1 eval --model "${w}/lm_${t}")
+  if(NOT got STREQUAL want)
+    message(FATAL_ERROR "quantize --dtype ${t}: eval of the packed directory says '${got}', packing at load '${want}'")
+  endif()
+endforeach()
+expect_error("generate --dtype f16 on a q4 directory" "its weights are packed to q4_0 (qkv quantize)" generate
+             --model "${w}/lm_q4" --prompt "one" --dtype f16)
+expect_error("quantize --dtype f32" "--dtype f32: quantize packs to bf16, f16, int8 (q8_0) or q4 (q4_0)" quantize
+             --model "${w}/lm" --dtype f32 --out "${w}/lm_f32")
+expect_error("quantize over its own model" "is the model directory itself" quantize --model "${w}/lm" --dtype int8
+             --out "${w}/lm")
+file(WRITE "${w}/a_file" "x")
+expect_error("quantize --out onto a file" "exists and is not a directory" quantize --model "${w}/lm" --dtype int8
+             --out "${w}/a_file")
+expect_error("export of a packed model" "export: the model's weights are packed to q8_0 for inference" export --model "${w}/lm_int8" --out "${w}/lm_int8_hf")
 foreach(way "--beam;4" "--beam;4;-n;3" "--beam;2")
   run_qkv(0 out err --threads 1 generate --model "${w}/lm_endless" --prompt "one" --max-len 200 ${way})
   string(REGEX MATCHALL "end of the model's learned positions" said "${err}")

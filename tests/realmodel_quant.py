@@ -133,16 +133,14 @@ def bf16(w):
 
 
 def rounded_twin(cfg, t, dtype):
-    """The float32 weights as --dtype rounds them (projections; the output layer at 8 bits)."""
+    """The float32 weights as --dtype rounds them (projections; the embedding and output layer at 8 bits)."""
     fn = {"int8": q8_0, "q4": q4_0}[dtype]
     out = {k: v.copy() for k, v in t.items()}
     for k in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
         out[k] = np.stack([fn(x) if x.shape[1] % 32 == 0 else bf16(x) for x in t[k]])
-    head = t["emb"] if cfg["shared"] else t["cls"]
-    out["cls"] = q8_0(head) if head.shape[1] % 32 == 0 else bf16(head)
-    c = dict(cfg)
-    c["shared"] = False  # the lookup keeps the float32 table; the head reads the rounded one
-    return c, out
+    for k in ("emb",) if cfg["shared"] else ("emb", "cls"):
+        out[k] = q8_0(t[k]) if t[k].shape[1] % 32 == 0 else bf16(t[k])
+    return dict(cfg), out
 
 
 def read_tok512(path, vocab):

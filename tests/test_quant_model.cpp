@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <functional>
+#include <map>
 #include <cstring>
 #include <vector>
 
 #include "error_testing.h"
+#include "file_testing.h"
 #include "kernels/quant.h"
 #include "qkv/qkv.h"
 
@@ -17,6 +21,7 @@ namespace {
 
 using namespace qkv;
 using qkv::testing::error_of;
+using qkv::testing::TempDir;
 
 ModelConfig lm_config() {
   ModelConfig c;
@@ -64,8 +69,8 @@ TEST(QuantModel, LogitsMatchTheDequantisedFloatModel) {
   for (WType t : {WType::BF16, WType::F16, WType::Q8_0, WType::Q4_0}) {
     Model m(lm_config());
     m.init(3);
-    // 2 layers x (fused qkv, out, 2 feed-forward) + the tied output layer
-    EXPECT_EQ(m.pack_weights(t), 9) << wtype_name(t);
+    // 2 layers x (fused qkv, out, 2 feed-forward) + the embedding + the output layer
+    EXPECT_EQ(m.pack_weights(t), 10) << wtype_name(t);
     const Tensor got = logits_of(m, ids), want = logits_of(dequantised_twin(m, 3), ids);
     double err = 0, moved = 0, range = 0;
     for (int64_t i = 0; i < got.numel(); ++i) {
@@ -131,33 +136,199 @@ TEST(QuantModel, GreedyTokensAreTheSameAloneBatchedAndAtAnyThreadCount) {
   }
 }
 
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()) == 0;
+}
+
 TEST(QuantModel, PackedWeightsAreForInference) {
   Model m(lm_config());
   m.init(1);
   m.pack_weights(WType::Q8_0);
+  EXPECT_EQ(m.weight_type(), WType::Q8_0);
   Tape tape;  // recording: a training step
   Batch b;
   b.input = Tensor::from<int64_t>({1, 3}, {1, 2, 3});
   EXPECT_NE(error_of([&] { m.logits(tape, b); }).find("packed to q8_0 is for inference"), std::string::npos);
-  // unpacking restores the float32 products, bitwise
-  Model f(lm_config());
-  f.init(1);
-  m.pack_weights(WType::F32);
-  const Tensor a = logits_of(m, {1, 2, 3}), c = logits_of(f, {1, 2, 3});
-  EXPECT_EQ(std::memcmp(a.data<float>(), c.data<float>(), a.nbytes()), 0);
+  // the float32 values are gone: nothing that needs them runs
+  for (auto f : {std::function<void()>([&] { m.state_dict(); }), std::function<void()>([&] { m.init(2); }),
+                 std::function<void()>([&] { m.load_state_dict({}, true); })})
+    EXPECT_NE(error_of(f).find("packed to q8_0 for inference"), std::string::npos);
+  EXPECT_NE(error_of([&] { Trainer t(m, TrainConfig{}); }).find("train: the model's weights are packed to q8_0"),
+            std::string::npos);
+  for (const Parameter& p : m.parameters())
+    if (p.var->packed) {
+      EXPECT_FALSE(p.var->value.defined()) << p.name << ": the float32 values are kept";
+    }
+  EXPECT_EQ(m.num_parameters(), Model(lm_config()).num_parameters());
+  EXPECT_EQ(m.pack_weights(WType::Q4_0), 0);  // packed once
   // rows that are not whole blocks of 32 take bf16, named
   ModelConfig odd = lm_config();
   odd.d_ff = 72;
   Model o(odd);
   o.init(1);
   std::vector<std::string> fallback;
-  EXPECT_EQ(o.pack_weights(WType::Q4_0, &fallback), 9);
+  EXPECT_EQ(o.pack_weights(WType::Q4_0, &fallback), 10);
   EXPECT_EQ(fallback, (std::vector<std::string>{"layers.0.linear2.weight", "layers.1.linear2.weight"}));
   for (const Parameter& p : o.parameters())
     if (p.var->packed && p.var->packed->cols == 72) {
       EXPECT_EQ(p.var->packed->type, WType::BF16) << p.name;
     }
-  EXPECT_EQ(o.pack_weights(WType::BF16), 9);  // 16-bit types take any length
+  Model o2(odd);
+  o2.init(1);
+  EXPECT_EQ(o2.pack_weights(WType::BF16), 10);  // 16-bit types take any length
+  // a weight that float16 cannot hold is refused, named, not turned into infinity
+  Model big(lm_config());
+  big.init(1);
+  big.parameters()[3].var->value.data<float>()[5] = 70000.0f;
+  const std::string e = error_of([&] { big.pack_weights(WType::F16); });
+  EXPECT_NE(e.find(big.parameters()[3].name + " row 0: weight 5 is not finite as f16"), std::string::npos) << e;
+}
+
+// Which matrices pack, and to what: projections to the type; the output layer and the token
+// embeddings (tied or not) at 8 bits or more; norms, biases and position tables stay float32.
+TEST(QuantModel, OutputLayerAndEmbeddingsPackAtEightBitsOrMore) {
+  ModelConfig c = lm_config();
+  c.tie_embeddings = false;
+  c.positional = Positional::Learned;
+  Model m(c);
+  m.init(5);
+  const std::vector<int64_t> ids = {3, 1, 4, 1, 5, 9, 2, 6};
+  m.pack_weights(WType::Q4_0);
+  for (const Parameter& p : m.parameters()) {
+    const bool table = p.name == "embed.weight" || p.name == "lm_head.weight";
+    if (table) {
+      ASSERT_TRUE(p.var->packed) << p.name;
+      EXPECT_EQ(p.var->packed->type, WType::Q8_0) << p.name;
+    } else if (p.name == "pos_embed.weight" || !p.decay) {
+      EXPECT_FALSE(p.var->packed) << p.name;
+    } else {
+      ASSERT_TRUE(p.var->packed) << p.name;
+      EXPECT_EQ(p.var->packed->type, WType::Q4_0) << p.name;
+    }
+  }
+  // the lookup reads the packed table's rows: the dequantised twin, whose table holds them, agrees
+  const Tensor got = logits_of(m, ids), want = logits_of(dequantised_twin(m, 5), ids);
+  double err = 0, range = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(got.data<float>()[i]) - want.data<float>()[i]));
+    range = std::max(range, std::fabs(static_cast<double>(want.data<float>()[i])));
+  }
+  EXPECT_LE(err, 2e-2 * range);
+  // a table looked up reads one row per token; the output layer all of its rows
+  double bytes = 0;
+  for (const Parameter& p : m.parameters()) {
+    const auto& w = p.var->packed;
+    if (p.name == "embed.weight" || p.name == "pos_embed.weight")
+      bytes += w ? static_cast<double>(w->row_bytes) : 4.0 * static_cast<double>(p.var->value.size(1));
+    else
+      bytes += w ? static_cast<double>(w->row_bytes * static_cast<size_t>(w->rows)) : 4.0 * static_cast<double>(p.var->value.numel());
+  }
+  EXPECT_EQ(m.weight_bytes_per_token(), bytes);
+}
+
+// qkv quantize's directory: the packed bytes saved as they are and loaded without re-quantising
+// (the same logits, bitwise); packing as the weights load equals packing after loading.
+TEST(QuantModel, PackedDirectoriesRoundTripAndLoadingPacksAsItReads) {
+  TempDir dir("quant_dir");
+  Model f(lm_config());
+  f.init(7);
+  f.save(dir / "f32");
+  const std::vector<int64_t> ids = {7, 3, 60, 12, 9};
+  for (WType t : {WType::BF16, WType::F16, WType::Q8_0, WType::Q4_0}) {
+    Model m = Model::load(dir / "f32");
+    m.pack_weights(t);
+    LoadOptions opt;
+    opt.dtype = t;
+    const Model at_load = Model::load(dir / "f32", opt);
+    EXPECT_TRUE(same_bits(logits_of(m, ids), logits_of(at_load, ids))) << wtype_name(t);
+    const std::string out = dir / wtype_name(t);
+    m.save(out);
+    const Model back = Model::load(out);
+    EXPECT_EQ(back.weight_type(), t);
+    EXPECT_TRUE(same_bits(logits_of(m, ids), logits_of(back, ids))) << wtype_name(t);
+    for (size_t i = 0; i < m.parameters().size(); ++i) {
+      const auto& a = m.parameters()[i].var->packed;
+      const auto& b = back.parameters()[i].var->packed;
+      ASSERT_EQ(!a, !b) << m.parameters()[i].name;
+      if (a) {
+        EXPECT_EQ(a->type, b->type);
+        EXPECT_EQ(std::memcmp(a->bytes->data(), b->bytes->data(), a->row_bytes * static_cast<size_t>(a->rows)), 0);
+      }
+    }
+    // the same type again is allowed; another would re-quantise packed values, and is refused
+    EXPECT_NO_THROW(Model::load(out, opt));
+    LoadOptions other;
+    other.dtype = t == WType::Q8_0 ? WType::Q4_0 : WType::Q8_0;
+    const std::string e = error_of([&] { Model::load(out, other); });
+    EXPECT_NE(e.find(std::string("its weights are packed to ") + wtype_name(t)), std::string::npos) << e;
+  }
+}
+
+// A packed file is as hostile as any other: its metadata and its bytes are checked.
+TEST(QuantModel, HostilePackedFilesAreRefusedByName) {
+  TempDir dir("quant_bad");
+  Model m(lm_config());
+  m.init(2);
+  m.pack_weights(WType::Q8_0);
+  m.save(dir / "ok");
+  const SafetensorsReader good(dir / "ok/model.safetensors");
+  // the file's entries and metadata, changed by `edit`, written to a new directory
+  auto variant = [&](const std::string& name, auto&& edit) {
+    std::vector<std::string> keep;
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& info : good.tensors()) {
+      keep.emplace_back(info.bytes, '\0');
+      good.read_bytes(info.name, keep.back().data(), info.bytes);
+    }
+    for (size_t i = 0; i < good.tensors().size(); ++i)
+      entries.push_back({good.tensors()[i].name, good.tensors()[i].dtype, good.tensors()[i].shape, keep[i]});
+    std::map<std::string, std::string> meta = good.metadata();
+    edit(entries, meta, keep);
+    std::filesystem::create_directories(dir / name);
+    std::filesystem::copy_file(dir / "ok/config.json", dir / (name + "/config.json"));
+    // entries view `keep`, which edit may have changed in place
+    for (size_t i = 0; i < entries.size() && i < keep.size(); ++i)
+      if (entries[i].bytes.size() == keep[i].size()) entries[i].bytes = keep[i];
+    write_safetensors(dir / (name + "/model.safetensors"), entries, meta);
+    return error_of([&] { Model::load(dir / name); });
+  };
+  using E = std::vector<SafetensorsEntry>;
+  using M = std::map<std::string, std::string>;
+  using K = std::vector<std::string>;
+  EXPECT_NE(variant("type", [](E&, M& meta, K&) { meta["qkv_packed"] = R"({"layers.0.linear1.weight": "q3_k"})"; })
+                .find("__metadata__[\"qkv_packed\"][\"layers.0.linear1.weight\"] is \"q3_k\""),
+            std::string::npos);
+  EXPECT_NE(variant("json", [](E&, M& meta, K&) { meta["qkv_packed"] = "{"; }).find("qkv_packed"), std::string::npos);
+  EXPECT_NE(variant("absent", [](E&, M& meta, K&) { meta["qkv_packed"] = R"({"nope": "q8_0"})"; })
+                .find("names \"nope\", which the file does not hold"),
+            std::string::npos);
+  const std::string norm = variant("norm", [](E&, M& meta, K&) {
+    meta["qkv_packed"].insert(1, R"("layers.0.norm1.weight": "q8_0", )");
+  });
+  EXPECT_NE(norm.find("\"layers.0.norm1.weight\" is packed to q8_0, but the parameter is (64,), not a matrix"),
+            std::string::npos) << norm;
+  EXPECT_NE(variant("dtype", [](E&, M& meta, K&) { meta.erase("qkv_dtype"); }).find("no \"qkv_dtype\""),
+            std::string::npos);
+  // a block scale of infinity (f16 0x7c00) in the first block of row 1 of the first packed matrix
+  const std::string inf = variant("scale", [](E& e, M&, K& keep) {
+    for (size_t i = 0; i < e.size(); ++i)
+      if (e[i].dtype == "U8") {
+        const size_t rb = static_cast<size_t>(e[i].shape[1]);
+        keep[i][rb] = 0x00;
+        keep[i][rb + 1] = 0x7c;
+        break;
+      }
+  });
+  EXPECT_NE(inf.find(" row 1: weight 0 is not finite as q8_0"), std::string::npos) << inf;
+  // packed bytes of the wrong shape for the config
+  EXPECT_NE(variant("shape", [](E& e, M&, K& keep) {
+              for (size_t i = 0; i < e.size(); ++i)
+                if (e[i].dtype == "U8") {
+                  e[i].shape = {e[i].shape[0] * 2, e[i].shape[1] / 2};
+                  break;
+                }
+            }).find("q8_0 packing of"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -354,11 +354,13 @@ TEST(SafetensorsErrors, EntryMustBeAnObjectWithExactlyThreeFields) {
 }
 
 TEST(SafetensorsErrors, UnsupportedOrMistypedDtype) {
-  for (const char* dt : {"F8_E4M3", "U8", "I16", "f32", "", "F32 "}) {
+  for (const char* dt : {"F8_E4M3", "I8", "I16", "f32", "", "F32 "}) {
     const std::string b = one(R"({"dtype":")" + std::string(dt) + R"(","shape":[0],"data_offsets":[0,0]})");
     const std::string want = "unsupported dtype \"" + std::string(dt) + "\"";
-    EXPECT_PARSE_ERROR(b, "tensor 'w'", want.c_str(), "supported: F32, F64, I32, I64, BOOL, BF16 or F16");
+    EXPECT_PARSE_ERROR(b, "tensor 'w'", want.c_str(), "supported: F32, F64, I32, I64, BOOL, BF16, F16 or U8");
   }
+  // U8 (packed weights' raw bytes) is read as bytes, never as a tensor
+  EXPECT_PARSE_ERROR(one(R"({"dtype":"U8","shape":[0],"data_offsets":[0,0]})"), "tensor 'w': U8 holds raw bytes");
   EXPECT_PARSE_ERROR(one(R"({"dtype":4,"shape":[0],"data_offsets":[0,0]})"), "tensor 'w': dtype is 4",
                      "expected a string");
   EXPECT_PARSE_ERROR(one(R"({"dtype":["F32"],"shape":[0],"data_offsets":[0,0]})"), "dtype is a JSON array");
@@ -621,3 +623,40 @@ TEST(SafetensorsFiles, UnwritableInputsFailAndLeaveTheTargetAlone) {
 }
 
 }  // namespace
+
+// Entries given as bytes (packed weights): any readable dtype, U8 included, read back byte for
+// byte by SafetensorsReader::read_bytes; BF16 entries read as float32 too; a byte count that does
+// not match the shape is refused before anything is written.
+TEST(SafetensorsFiles, EntriesOfBytesRoundTrip) {
+  TempDir dir("st_entries");
+  const std::string blocks = std::string("\x01\x02\x03\x04\x05\x06", 6);
+  const uint16_t bf[2] = {0x3f80, 0xc000};  // 1.0, -2.0
+  const std::string halves(reinterpret_cast<const char*>(bf), sizeof bf);
+  const std::string path = dir / "e.safetensors";
+  qkv::write_safetensors(path, std::vector<qkv::SafetensorsEntry>{{"q", "U8", {2, 3}, blocks}, {"h", "BF16", {2}, halves}},
+                         {{"k", "v"}});
+  const qkv::SafetensorsReader r(path);
+  ASSERT_NE(r.find("q"), nullptr);
+  EXPECT_EQ(r.find("q")->dtype, "U8");
+  EXPECT_EQ(r.find("q")->bytes, 6u);
+  std::string back(6, '\0');
+  r.read_bytes("q", back.data(), 6);
+  EXPECT_EQ(back, blocks);
+  float h[2];
+  r.read_f32("h", h);
+  EXPECT_EQ(h[0], 1.0f);
+  EXPECT_EQ(h[1], -2.0f);
+  EXPECT_NE(error_of([&] { r.read_bytes("q", back.data(), 5); }).find("holds 6 bytes, not 5"), std::string::npos);
+  EXPECT_NE(error_of([&] { r.read_f32("q", h); }).find("is U8; expected floating point"), std::string::npos);
+  EXPECT_NE(error_of([&] { qkv::read_safetensors(path); }).find("tensor 'q': U8 holds raw bytes"), std::string::npos);
+  const std::string bad = dir / "bad.safetensors";
+  EXPECT_NE(error_of([&] {
+              qkv::write_safetensors(bad, std::vector<qkv::SafetensorsEntry>{{"q", "U8", {2, 4}, blocks}});
+            }).find("'q' U8 (2, 4) needs 8 bytes, given 6"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              qkv::write_safetensors(bad, std::vector<qkv::SafetensorsEntry>{{"q", "Q8", {6}, blocks}});
+            }).find("has dtype 'Q8'"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}

@@ -1,3 +1,4 @@
+#include "qkv/gguf.h"
 #include "cli_checks.h"
 
 #include <fcntl.h>
@@ -119,9 +120,10 @@ CLI::Validator preset_or_model_dir(std::vector<std::string> presets) {
           if (v == p) return "";
         std::error_code ec;
         if (std::filesystem::is_directory(v, ec) && std::filesystem::exists(v + "/config.json", ec)) return "";
-        return "'" + v + "' is neither a preset (" + names + ") nor a model directory (a directory with config.json)";
+        if (qkv::is_gguf_file(v)) return "";
+        return "'" + v + "' is neither a preset (" + names + ") nor a model (a directory with config.json, or a GGUF file)";
       },
-      "PRESET|DIR");
+      "PRESET|DIR|FILE.gguf");
 }
 
 }  // namespace qkv::cli

@@ -23,15 +23,18 @@ struct DecodeBenchOptions {
   int64_t prompt = 16, tokens = 64;
   int reps = 3;
   bool json = false;
-  std::string dtype = "f32";
+  std::string dtype;
 };
 
 int run_bench_decode(const DecodeBenchOptions& o) {
   // --model: the preset (random weights), or a directory whose weights are loaded
-  Model model = (o.model != "gpt2-small" && o.model != "transformer-base") ? load_model(o.model) : Model(bench_preset(o.model));
-  if (!(o.model != "gpt2-small" && o.model != "transformer-base")) model.init(1);
-  const WType wt = dtype_of(o.dtype);
-  pack_for_dtype(model, o.dtype);
+  const bool preset = o.model == "gpt2-small" || o.model == "transformer-base";
+  Model model = preset ? Model(bench_preset(o.model)) : load_model(o.model, o.dtype);
+  if (preset) {
+    model.init(1);
+    pack_for_dtype(model, o.dtype);
+  }
+  const WType wt = model.weight_type();
   const ModelConfig& cfg = model.config();
   check(cfg.arch == Arch::Decoder, "bench decode: --model ", o.model, " is a ", arch_name(cfg.arch),
         " model; decode measures a decoder-only model (gpt2-small, or a gpt2 / llama directory)");

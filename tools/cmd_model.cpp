@@ -140,7 +140,7 @@ int run_import(const ImportOptions& o) {
 // ---- forward -------------------------------------------------------------------------------------
 
 struct ForwardCmd {
-  std::string model, out, grads, generated, attention, dtype = "f32";
+  std::string model, out, grads, generated, attention, dtype;
   BatchFiles batch;
   float label_smoothing = 0;
   int64_t generate = 0;
@@ -185,10 +185,12 @@ std::vector<std::pair<std::string, Tensor>> attention_arrays(const Model& m, con
 }
 
 int run_forward(const ForwardCmd& o) {
-  check(o.grads.empty() || dtype_of(o.dtype) == WType::F32, "--grads and --dtype ", o.dtype,
+  const std::optional<WType> dtype = dtype_of(o.dtype);
+  check(o.grads.empty() || !dtype || *dtype == WType::F32, "--grads and --dtype ", o.dtype,
         " exclude each other: packed weights are for inference and take no gradient");
-  Model m = load_model(o.model);
-  pack_for_dtype(m, o.dtype);
+  Model m = load_model(o.model, o.dtype);
+  check(o.grads.empty() || m.weight_type() == WType::F32, "--grads: ", o.model, " holds weights packed to ",
+        wtype_name(m.weight_type()), " (qkv quantize), which are for inference and take no gradient");
   const Batch b = o.batch.load(m);
   check(o.grads.empty() || b.target.defined(), "--grads needs --target (gradients of the loss)");
   if (!o.out.empty()) check(fs::is_directory(fs::absolute(o.out).parent_path()), "--out ", o.out,
@@ -280,6 +282,60 @@ int run_export(const ExportCmd& o) {
   std::cout << "exported " << o.model << " as a Hugging Face " << type << " folder: " << o.out << "/ " << files << " ("
             << m.num_parameters() << " parameters)\n";
   if (!tok) std::cerr << "qkv: note: no tokenizer files written (" << no_tokenizer << ")\n";
+  return 0;
+}
+
+// ---- quantize ----------------------------------------------------------------------------------
+
+struct QuantizeCmd {
+  std::string model, dtype, out;
+};
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+int run_quantize(const QuantizeCmd& o) {
+  const std::optional<WType> t = dtype_of(o.dtype);
+  check(t && *t != WType::F32, "--dtype ", o.dtype, ": quantize packs to bf16, f16, int8 (q8_0) or q4 (q4_0)");
+  check(fs::is_directory(o.model) || is_gguf_file(o.model), "--model ", o.model,
+        ": neither a model directory nor a GGUF file");
+  check(fs::absolute(o.out).lexically_normal() != fs::absolute(o.model).lexically_normal(), "--out ", o.out,
+        ": is the model directory itself");
+  std::error_code ec;
+  check(!fs::exists(fs::symlink_status(o.out, ec)) || fs::is_directory(fs::symlink_status(o.out, ec)), "--out ", o.out,
+        ": exists and is not a directory");
+  // everything read before anything is written
+  Model m = load_model(o.model, o.dtype);
+  std::unique_ptr<Tokenizer> tok;
+  std::string no_tokenizer;
+  try {
+    tok = load_tokenizer(o.model);
+  } catch (const Error& e) {
+    no_tokenizer = e.what();
+  }
+  std::optional<TaskInfo> info;
+  if (fs::exists(o.model + "/task.json", ec) || is_hf_model_dir(o.model)) info = model_task_info(o.model);
+  double f32_bytes = 0, bytes = 0;
+  for (const Parameter& p : m.parameters()) {
+    const PackedWeight* w = p.var->packed.get();
+    f32_bytes += 4.0 * static_cast<double>(w ? w->rows * w->cols : p.var->value.numel());
+    bytes += w ? static_cast<double>(w->row_bytes) * static_cast<double>(w->rows) : 4.0 * static_cast<double>(p.var->value.numel());
+  }
+  fs::create_directories(o.out, ec);
+  check(fs::is_directory(o.out), "--out ", o.out, ": cannot create the directory", ec ? ": " + ec.message() : "");
+  m.save(o.out);
+  if (tok) tok->save(o.out);
+  if (info) info->save(o.out);
+  // the held-out split qkv eval reads by default
+  for (const char* split : {"test.txt", "test.tsv"})
+    if (fs::is_regular_file(o.model + "/" + split, ec))
+      write_file_atomic(o.out + "/" + split, read_file(o.model + "/" + split, split));
+  std::cout << "wrote " << o.out << ": " << wtype_name(m.weight_type()) << " weights, " << mib(bytes) << " (float32: "
+            << mib(f32_bytes) << "), " << m.num_parameters() << " parameters\n";
+  if (!tok) std::cerr << "qkv: note: no tokenizer written (" << no_tokenizer << ")\n";
   return 0;
 }
 
@@ -398,6 +454,20 @@ Runner add_export(CLI::App& app) {
   c->add_option("--format", o->format, "Output format: hf (default)");
   c->add_option("--out", o->out, "Folder to write")->required();
   return [o] { return run_export(*o); };
+}
+
+Runner add_quantize(CLI::App& app) {
+  auto o = std::make_shared<QuantizeCmd>();
+  CLI::App* c = app.add_subcommand(
+      "quantize",
+      "Write a model directory whose weights are packed to bf16, f16, int8 or q4 (loads without re-quantising)");
+  c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder)")->required();
+  c->add_option("--dtype", o->dtype, "bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0); the output layer and token "
+                                     "embeddings at 8 bits or more (docs/formats.md)")->required();
+  c->add_option("--out", o->out,
+                "Directory to write: config.json, model.safetensors, the tokenizer, task.json and the test split")
+      ->required();
+  return [o] { return run_quantize(*o); };
 }
 
 Runner add_fit(CLI::App& app) {

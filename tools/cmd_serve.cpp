@@ -55,7 +55,7 @@ namespace fs = std::filesystem;
 namespace http = qkv::http;
 
 struct ServeOptions {
-  std::string model, host = "127.0.0.1", api_key, dtype = "f32";
+  std::string model, host = "127.0.0.1", api_key, dtype;
   std::vector<std::string> allow_hosts;
   int port = 8080;
   int64_t max_connections = 1024, max_client_connections = 256;
@@ -244,11 +244,11 @@ struct ChoiceText {
 class Server {
  public:
   explicit Server(const ServeOptions& o) : o_(o), http_(limits(o), transport_error) {
-    check(fs::is_directory(o.model), "--model ", o.model, ": not a directory");
+    check(fs::is_directory(o.model) || is_gguf_file(o.model), "--model ", o.model,
+          ": neither a model directory nor a GGUF file");
     info_ = model_task_info(o.model);
     (void)dtype_of(o.dtype);
-    model_ = std::make_unique<Model>(load_model(o.model));
-    pack_for_dtype(*model_, o.dtype);
+    model_ = std::make_unique<Model>(load_model(o.model, o.dtype));
     tok_ = load_tokenizer(o.model);
     check(tok_->vocab_size() <= model_->config().vocab_size, "--model ", o.model, ": the tokenizer's vocabulary (",
           tok_->vocab_size(), ") is larger than config.json's vocab_size (", model_->config().vocab_size, ")");
@@ -270,7 +270,7 @@ class Server {
     port_ = port;
     std::fprintf(stderr, "qkv serve: %s (%s, %s, %s weights) on http://%s:%d/  (%lld slots, queue %lld)\n",
                  o_.model.c_str(), task_name(info_.task), arch_name(model_->config().arch),
-                 wtype_name(dtype_of(o_.dtype)), o_.host.c_str(), port, static_cast<long long>(o_.slots),
+                 wtype_name(model_->weight_type()), o_.host.c_str(), port, static_cast<long long>(o_.slots),
                  static_cast<long long>(o_.max_queue));
     if (const char* wait = std::getenv("QKV_THREADS_WAIT"))
       std::fprintf(stderr, "qkv serve: threads wait %s; OMP_WAIT_POLICY=active chooses spinning\n", wait);

@@ -360,6 +360,7 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   std::unique_ptr<Model> init_model;
   if (!o.init.empty()) {
     init_model = std::make_unique<Model>(load_model(o.init));
+    init_model->check_not_packed(detail::concat("--init ", o.init).c_str());
     // weights that are not finite train nothing: every step would be skipped, the run "trained"
     for (const Parameter& prm : init_model->parameters()) {
       const Tensor& t = prm.var->value;

@@ -39,12 +39,12 @@ struct Loaded {
   std::string dir;
 };
 
-Loaded load_model_dir(const std::string& dir, Task want, const char* command) {
-  check(fs::is_directory(dir), "--model ", dir, ": not a directory");
+Loaded load_model_dir(const std::string& dir, Task want, const char* command, const std::string& dtype = "") {
+  check(fs::is_directory(dir) || is_gguf_file(dir), "--model ", dir, ": neither a model directory nor a GGUF file");
   TaskInfo info = model_task_info(dir);
   check(info.task == want, "--model ", dir, ": the model was trained for --task ", task_name(info.task), ", but qkv ",
         command, " needs a ", task_name(want), " model");
-  Model m = load_model(dir);
+  Model m = load_model(dir, dtype);
   std::unique_ptr<Tokenizer> tok = load_tokenizer(dir);
   // A directory from qkv train: the tokenizer the run trained with (train.json's tokenizer_vocab),
   // or, for a run that did not fine-tune a model with a padded table, exactly the model's vocabulary.
@@ -102,7 +102,7 @@ struct DecodeOptions {
   double length_penalty = 1.0, temperature = 1.0, top_p = 1.0, repetition_penalty = 1.0;
   uint64_t seed = 0;
   bool sample = false;
-  std::string attention_map, dtype = "f32";
+  std::string attention_map, dtype;
   // the options given, for the combinations resolve() refuses
   CLI::Option *beam_opt = nullptr, *length_penalty_opt = nullptr, *repetition_opt = nullptr, *layer_opt = nullptr,
               *head_opt = nullptr;
@@ -137,9 +137,8 @@ struct DecodeOptions {
     head_opt = c->add_option("--head", head, "Attention map head (default 0)")->transform(whole(0, 4096));
     c->add_option("--dtype", dtype, kDtypeHelp);
   }
-  // --dtype: the model's projection matrices packed for the products (checked before loading).
-  WType weight_type() const { return dtype_of(dtype); }
-  void pack(Model& m) const { pack_for_dtype(m, dtype); }
+  // --dtype: the model's projection matrices packed as they load (checked before loading).
+  std::optional<WType> weight_type() const { return dtype_of(dtype); }
   // Settles the beam and refuses options that would be silently ignored: sampling draws one
   // token at a time, so --sample turns the default beam off and refuses an explicit --beam N > 1;
   // the sampling options need --sample; beam search ranks by --length-penalty and applies no
@@ -301,8 +300,7 @@ Runner add_translate(CLI::App& app) {
   o->d.add(c, false);
   return [o] {
     o->d.resolve();
-    Loaded L = load_model_dir(o->model, Task::Translate, "translate");
-    o->d.pack(L.model);
+    Loaded L = load_model_dir(o->model, Task::Translate, "translate", o->d.dtype);
     const std::vector<std::string> lines = input_lines(o->input);
     Generation map;
     std::vector<int32_t> src0;
@@ -345,8 +343,7 @@ Runner add_generate(CLI::App& app) {
                                     " best continuations (give -n <= --beam)")
                    : std::string(" without --sample: greedy decoding has one continuation (add --sample for "
                                  "different samples, or --beam N >= -n for the N best)"));
-    Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate");
-    o->d.pack(L.model);
+    Loaded L = load_model_dir(o->model, Task::LanguageModel, "generate", o->d.dtype);
     const ModelConfig& mc = L.model.config();
     o->d.check_map(mc.n_layers, mc.n_heads);
     std::vector<int32_t> prompt = prompt_ids(*L.tok, checked_text(o->prompt, "--prompt"));
@@ -392,7 +389,7 @@ Runner add_generate(CLI::App& app) {
 
 Runner add_classify(CLI::App& app) {
   struct O {
-    std::string model, input, dtype = "f32";
+    std::string model, input, dtype;
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand("classify", "Label lines (stdin or --input) with a model from qkv train --task classify");
@@ -401,8 +398,7 @@ Runner add_classify(CLI::App& app) {
   c->add_option("--dtype", o->dtype, kDtypeHelp);
   return [o] {
     (void)dtype_of(o->dtype);
-    Loaded L = load_model_dir(o->model, Task::Classify, "classify");
-    pack_for_dtype(L.model, o->dtype);
+    Loaded L = load_model_dir(o->model, Task::Classify, "classify", o->dtype);
     for (const std::string& line : input_lines(o->input)) {
       const Tensor z = logits_of(L.model, classifier_ids(*L.tok, line, L.info.max_len));
       const int64_t C = z.size(-1);
@@ -424,7 +420,7 @@ Runner add_fill_mask(CLI::App& app) {
     std::string model, text;
     int64_t top_k = 5;
     bool json = false;
-    std::string dtype = "f32";
+    std::string dtype;
   };
   auto o = std::make_shared<O>();
   CLI::App* c = app.add_subcommand(
@@ -438,8 +434,7 @@ Runner add_fill_mask(CLI::App& app) {
   return [o] {
     (void)dtype_of(o->dtype);
     check(fs::is_directory(o->model), "--model ", o->model, ": not a directory");
-    Model m = load_model(o->model);
-    pack_for_dtype(m, o->dtype);
+    Model m = load_model(o->model, o->dtype);
     const ModelConfig& mc = m.config();
     check(mc.arch == Arch::EncoderMLM, "--model ", o->model, ": its architecture is ", arch_name(mc.arch),
           "; fill-mask needs a masked-language model (encoder-mlm: BertForMaskedLM)");
@@ -535,8 +530,7 @@ Runner add_eval(CLI::App& app) {
       check(hyp_out->count() == 0, "--hyp-out writes translations; this is not a translation model");
     }
     (void)o->d.weight_type();
-    Loaded L = load_model_dir(o->model, info.task, "eval");
-    o->d.pack(L.model);
+    Loaded L = load_model_dir(o->model, info.task, "eval", o->d.dtype);
     std::string data = o->data;
     if (data.empty()) {
       data = o->model + (info.task == Task::LanguageModel ? "/test.txt" : "/test.tsv");

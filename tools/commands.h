@@ -17,6 +17,7 @@ Runner add_init(CLI::App& app);
 Runner add_import(CLI::App& app);
 Runner add_forward(CLI::App& app);
 Runner add_export(CLI::App& app);
+Runner add_quantize(CLI::App& app);
 Runner add_fit(CLI::App& app);
 Runner add_train(CLI::App& app);  // qkv train --task ...
 Runner add_translate(CLI::App& app);

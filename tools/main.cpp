@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_init(app));
   runners.push_back(qkv::cli::add_import(app));
   runners.push_back(qkv::cli::add_export(app));
+  runners.push_back(qkv::cli::add_quantize(app));
   runners.push_back(qkv::cli::add_forward(app));
   runners.push_back(qkv::cli::add_fit(app));
   runners.push_back(qkv::cli::add_train(app));

@@ -13,15 +13,51 @@
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/autograd.h"
+#include "qkv/gguf.h"
 #include "qkv/hf.h"
 #include "qkv/npy.h"
 
 namespace qkv::cli {
 
-Model load_model(const std::string& dir) {
-  if (!is_hf_model_dir(dir)) return Model::load(dir);
+namespace {
+
+void note_fallback(const std::vector<std::string>& fallback, const std::string& dtype) {
+  if (fallback.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < fallback.size() && i < 3; ++i) names += (i ? ", " : "") + fallback[i];
+  std::fprintf(stderr, "qkv: note: --dtype %s: %zu matri%s whose rows are not whole blocks of 32 (%s%s) packed as bf16\n",
+               dtype.c_str(), fallback.size(), fallback.size() == 1 ? "x" : "ces", names.c_str(),
+               fallback.size() > 3 ? ", ..." : "");
+}
+
+}  // namespace
+
+Model load_model(const std::string& dir, const std::string& dtype) {
+  LoadOptions opt;
+  opt.dtype = dtype_of(dtype);
+  std::vector<std::string> fallback;
+  opt.fallback = &fallback;
+  if (is_gguf_file(dir)) {
+    GgufLoadReport report;
+    Model m = load_gguf_model(dir, opt, &report);
+    note_fallback(fallback, dtype);
+    if (!report.converted.empty())
+      std::fprintf(stderr, "qkv: note: %s: %zu matrices of types qkv does not compute with were packed as q8_0 (%s%s)\n",
+                   dir.c_str(), report.converted.size(), report.converted[0].c_str(),
+                   report.converted.size() > 1 ? ", ..." : "");
+    if (!report.unused.empty())
+      std::fprintf(stderr, "qkv: note: %s: %zu tensors are not used by the model (%s%s)\n", dir.c_str(),
+                   report.unused.size(), report.unused[0].c_str(), report.unused.size() > 1 ? ", ..." : "");
+    return m;
+  }
+  if (!is_hf_model_dir(dir)) {
+    Model m = Model::load(dir, opt);
+    note_fallback(fallback, dtype);
+    return m;
+  }
   HfLoadReport report;
-  Model m = load_hf_model(dir, &report);
+  Model m = load_hf_model(dir, &report, opt);
+  note_fallback(fallback, dtype);
   if (!report.unused.empty()) {
     std::string names;
     for (size_t i = 0; i < report.unused.size() && i < 4; ++i) names += (i ? ", " : "") + report.unused[i];
@@ -35,12 +71,21 @@ Model load_model(const std::string& dir) {
 
 bool is_model_dir(const std::string& path) {
   std::error_code ec;
-  return std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec);
+  return (std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec)) ||
+         is_gguf_file(path);
 }
 
 TaskInfo model_task_info(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (is_gguf_file(dir)) {
+    // llama.cpp's files hold language models
+    TaskInfo t;
+    t.task = Task::LanguageModel;
+    t.max_len = GgufFile(dir).integer_or(GgufFile(dir).string_or("general.architecture", "llama") + ".context_length",
+                                        2048, 1, int64_t{1} << 24);
+    return t;
+  }
   if (fs::exists(dir + "/task.json", ec)) return TaskInfo::load(dir);
   // No task.json: a Hugging Face folder, whose config.json says so. What is wrong with it is the
   // error (a broken config.json was once reported as "DIR/task.json: not found").
@@ -306,24 +351,21 @@ void Progress::finish() {
 }
 
 const char* const kDtypeHelp =
-    "Weight type of the projection matrices: f32 (default), bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0), packed at "
-    "load; the output layer is packed at 8 bits or more, the embedding lookup and norms stay float32 "
-    "(docs/formats.md)";
+    "Weight type of the projection matrices: f32, bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0), packed as they load "
+    "(default: as stored: float32, or what qkv quantize packed); the output layer and token embeddings at 8 bits or "
+    "more, norms float32 (docs/formats.md)";
 
-WType dtype_of(const std::string& dtype) { return parse_wtype(dtype, "--dtype"); }
+std::optional<WType> dtype_of(const std::string& dtype) {
+  if (dtype.empty()) return std::nullopt;
+  return parse_wtype(dtype, "--dtype");
+}
 
 void pack_for_dtype(Model& m, const std::string& dtype) {
-  const WType t = dtype_of(dtype);
-  if (t == WType::F32) return;
+  const std::optional<WType> t = dtype_of(dtype);
+  if (!t) return;
   std::vector<std::string> fallback;
-  m.pack_weights(t, &fallback);
-  if (!fallback.empty()) {
-    std::string names;
-    for (size_t i = 0; i < fallback.size() && i < 3; ++i) names += (i ? ", " : "") + fallback[i];
-    std::fprintf(stderr, "qkv: note: --dtype %s: %zu matri%s whose rows are not whole blocks of 32 (%s%s) packed as bf16\n",
-                 dtype.c_str(), fallback.size(), fallback.size() == 1 ? "x" : "ces", names.c_str(),
-                 fallback.size() > 3 ? ", ..." : "");
-  }
+  m.pack_weights(*t, &fallback);
+  note_fallback(fallback, dtype);
 }
 
 }  // namespace qkv::cli

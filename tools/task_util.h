@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,9 @@ namespace qkv::cli {
 // Model::load, and for a Hugging Face folder a note on standard error naming the tensors the
 // model does not use (as transformers warns: a BertForPreTraining checkpoint's next-sentence head
 // under a masked-LM model, say).
-Model load_model(const std::string& dir);
+// `dtype` is --dtype: "" loads the weights as stored, a type packs them as they load (LoadOptions),
+// with a note on standard error naming the matrices that fell back to bf16.
+Model load_model(const std::string& dir, const std::string& dtype = "");
 
 // True for a model directory: qkv's or a Hugging Face folder (a directory with config.json).
 bool is_model_dir(const std::string& path);
@@ -108,10 +111,11 @@ class Progress {
 };
 
 // --dtype, on every command that runs a model: the weight type of its projection matrices
-// (qkv/quant.h), packed at load. The help text is shared; dtype_of names --dtype in its error.
+// (qkv/quant.h), packed at load. The help text is shared; dtype_of names --dtype in its error
+// and gives nothing for "" (the weights as stored).
 extern const char* const kDtypeHelp;
-WType dtype_of(const std::string& dtype);
-// Packs `m` for --dtype (nothing for f32).
+std::optional<WType> dtype_of(const std::string& dtype);
+// Packs a model made in memory (bench's presets) for --dtype.
 void pack_for_dtype(Model& m, const std::string& dtype);
 
 }  // namespace qkv::cli

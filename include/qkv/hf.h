@@ -46,8 +46,8 @@ struct HfLoadReport {
 
 // The folder's model, its weights read straight into the parameters (each tensor read once,
 // converted to float32 and laid out as qkv's parameters are: Conv1D transposed, gate and up
-// stacked, ...).
-Model load_hf_model(const std::string& dir, HfLoadReport* report = nullptr);
+// stacked, ...), each packed to opt.dtype as soon as it is read when that is set.
+Model load_hf_model(const std::string& dir, HfLoadReport* report = nullptr, const LoadOptions& opt = {});
 
 // Export. The Hugging Face model_type that `config` maps onto exactly ("gpt2", "llama", "bert",
 // "marian"), or a qkv::Error naming the first setting that does not map and what the family

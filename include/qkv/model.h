@@ -16,7 +16,9 @@
 // every name and shape.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,11 +51,23 @@ struct ForwardOptions {
   uint64_t dropout_seed = 0; // dropout masks are a function of (seed, site, element)
 };
 
+// How Model::load (and load_hf_model, the GGUF reader) bring a model in for inference.
+struct LoadOptions {
+  // Pack the weights to this type as they are read (Model::pack_weights' rule, one matrix at a
+  // time, so the float32 values of all of them are never held at once). Unset: as stored (float32,
+  // or the packed types of a directory written by qkv quantize, which refuses another type).
+  std::optional<WType> dtype;
+  std::vector<std::string>* fallback = nullptr;  // receives pack_weights' bf16 fallbacks
+};
+
 class Model {
  public:
   // Parameters allocated and zero; call init() or load weights. A config whose float32 weights
   // alone would exceed the memory available is refused first (qkv::Error naming the keys).
   explicit Model(ModelConfig config);
+  // The same with the parameters allocated but not zeroed, for a loader that fills every one.
+  struct Uninitialised {};
+  Model(ModelConfig config, Uninitialised);
   ~Model();
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -64,13 +78,33 @@ class Model {
   const Parameter* find(const std::string& name) const;
   int64_t num_parameters() const;
   // For inference: packs every projection matrix (each 2-D parameter under weight decay) to `t`,
-  // so that ops::linear multiplies by it (qkv/quant.h), and the output layer of a decoder (the
-  // embedding table when tied) to Q8_0 for Q4_0 and to `t` otherwise, as llama.cpp keeps its
-  // output layer at 8 bits or more. F32 unpacks. Returns the number of matrices packed. The
-  // float32 values stay (the embedding lookup, training, export and saving use them). A matrix
-  // whose rows are not whole blocks of 32 cannot take Q8_0 or Q4_0: it is packed as bf16 and
-  // named in `fallback` when given.
+  // so that ops::linear multiplies by it (qkv/quant.h), and the output layer and the token
+  // embedding tables to Q8_0 for Q4_0 and to `t` otherwise, as llama.cpp keeps them at 8 bits or
+  // more (the lookup dequantises its rows). A matrix whose rows are not whole blocks of 32 cannot
+  // take Q8_0 or Q4_0: it is packed as bf16 and named in `fallback` when given. The float32
+  // values of a packed matrix are freed: the model is for inference from then on (training,
+  // state_dict and export refuse it; save() writes the packed values, as qkv quantize does).
+  // F32 packs nothing. Returns the number of matrices packed.
   int64_t pack_weights(WType t, std::vector<std::string>* fallback = nullptr);
+  // The same for one parameter, by name (a loader packs each as it is read); false when the rule
+  // keeps it float32.
+  bool pack_parameter(const std::string& name, WType t, std::vector<std::string>* fallback = nullptr);
+  // For a loader: when that rule packs `name` under `t`, packs it from float32 rows produced by
+  // read(first_row, n, dst) a few MiB at a time (its float32 values are never held) and returns
+  // true; otherwise returns false, and the loader fills the float32 values itself.
+  bool pack_parameter_from(const std::string& name, WType t,
+                           const std::function<void(int64_t, int64_t, float*)>& read,
+                           std::vector<std::string>* fallback = nullptr);
+  // Takes an already packed matrix for parameter `name` (a packed file's tensor): it must be one
+  // that pack_weights packs, with the parameter's shape; its float32 values are freed.
+  void adopt_packed(const std::string& name, std::shared_ptr<const PackedWeight> w);
+  // The type the weights were packed to (F32: none packed).
+  WType weight_type() const { return weight_type_; }
+  // For a loader of packed files: the type that names the model's packing (the projections').
+  void set_weight_type(WType t) { weight_type_ = t; }
+  // An error, starting with `what`, when a packed matrix has no float32 values (training,
+  // export, state_dict need them).
+  void check_not_packed(const char* what) const;
   // Bytes the products read per token: packed matrices at their packed size, the rest float32
   // (less the unused rows of a learned position table).
   double weight_bytes_per_token() const;
@@ -105,24 +139,29 @@ class Model {
   // Lengths of right-padded rows: the position after the last non-pad token (all T if pad_id < 0).
   Tensor lengths_of(const Tensor& ids) const;
 
-  // Name -> tensor (shared with the model, not copied).
+  // Name -> tensor (shared with the model, not copied). A packed model (pack_weights) has no
+  // float32 values to give: an error.
   std::vector<std::pair<std::string, Tensor>> state_dict() const;
   // Copies values in. Every parameter must be present with its exact shape (the error names the
   // tensor and both shapes) unless allow_missing; unknown names are errors.
   void load_state_dict(const std::vector<std::pair<std::string, Tensor>>& tensors, bool allow_missing = false);
 
-  // dir/config.json and dir/model.safetensors, each written atomically.
+  // dir/config.json and dir/model.safetensors, each written atomically. A packed model's packed
+  // matrices are written as they are held (docs/formats.md, "Packed model directories").
   void save(const std::string& dir) const;
-  static Model load(const std::string& dir);
+  static Model load(const std::string& dir, const LoadOptions& opt = {});
 
   // The modules behind the parameters (src/models/model_impl.h), for cached inference.
   struct Impl;
   const Impl& impl() const { return *impl_; }
 
  private:
+  WType pack_type_of(const Parameter& p, WType t, bool* fell_back) const;
+
   ModelConfig config_;
   std::vector<Parameter> params_;
   std::unique_ptr<Impl> impl_;
+  WType weight_type_ = WType::F32;
 };
 
 // Teacher forcing: the decoder input for `target` (B, T) is [bos, target[:, :-1]], so position t

@@ -8,6 +8,7 @@
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/generate.h"
+#include "qkv/gguf.h"
 #include "qkv/hf.h"
 #include "qkv/inspect.h"
 #include "qkv/model.h"

@@ -6,6 +6,7 @@
 // take a gradient.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,8 +29,21 @@ struct PackedWeight {
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(bytes->data()) + static_cast<size_t>(r) * row_bytes; }
 };
 
-// `w` (rows, cols), float32, packed to `t` (not F32; cols a multiple of 32 for Q8_0 and Q4_0; a
-// non-finite weight is an error naming `name`).
+// Bytes of one packed row of `cols` weights (an error when Q8_0 / Q4_0 rows are not whole blocks
+// of 32).
+size_t packed_row_bytes(WType t, int64_t cols);
+
+// `w` (rows, cols), float32, packed to `t` (not F32; cols a multiple of 32 for Q8_0 and Q4_0). A
+// weight that is not finite once packed (NaN, infinity, a float16 beyond +-65504, a block scale
+// that overflows) is an error naming `name` and the row.
 std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name);
+// The same, the float32 rows produced by read(first_row, n, dst) (dst: n x cols floats) a few MiB at
+// a time, so that the whole float32 matrix is never held (loading).
+std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t cols, const std::string& name,
+                                              const std::function<void(int64_t, int64_t, float*)>& read);
+// A matrix from its packed bytes as a file holds them (rows x packed_row_bytes(t, cols)), checked
+// as pack_weight checks: a weight or block scale that is not finite is an error naming `name`.
+std::shared_ptr<const PackedWeight> packed_from_bytes(WType t, int64_t rows, int64_t cols,
+                                                      std::shared_ptr<Storage> bytes, const std::string& name);
 
 }  // namespace qkv

@@ -6,9 +6,12 @@
 // with [begin, end) a byte range relative to the start of the data section, holding the tensor
 // in C order, little-endian. "__metadata__", when present, is an object of string values.
 //
-// Reading accepts the dtypes F32, F64, I32, I64, BOOL, BF16 and F16. BF16 and F16 tensors are
+// Reading accepts the dtypes F32, F64, I32, I64, BOOL, BF16, F16 and U8. BF16 and F16 tensors are
 // converted to F32 (exactly: every half value is a float32 value), so a loaded tensor always
-// has one of the dtypes the library computes with. Writing accepts F32, F64, I32, I64 and BOOL.
+// has one of the dtypes the library computes with. U8 holds raw bytes (qkv's packed Q8_0 / Q4_0
+// weights, docs/formats.md): SafetensorsReader::read_bytes reads it, read_safetensors refuses it.
+// Writing tensors accepts F32, F64, I32, I64 and BOOL; writing entries (bytes with a dtype and
+// shape) every dtype above.
 //
 // The file is never trusted. A qkv::Error naming the file (and the tensor, where there is one)
 // is thrown for: a file under 8 bytes; N of 0, over 100 MiB or past the end of the file; a
@@ -23,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -56,6 +60,7 @@ class SafetensorsReader {
     std::string name;
     std::string dtype;            // as the file spells it: "F32", "BF16", ...
     std::vector<int64_t> shape;
+    uint64_t bytes = 0;           // in the file
     int64_t numel() const;
   };
   const std::string& path() const;
@@ -65,6 +70,10 @@ class SafetensorsReader {
   // The tensor's values as float32 into dst (numel floats): F32 copied, F64, F16 and BF16
   // converted. An integer or BOOL tensor, or an unknown name, is an error naming the file.
   void read_f32(const std::string& name, float* dst) const;
+  // Elements [first, first + count) of the tensor in C order, as read_f32 converts them.
+  void read_f32_range(const std::string& name, int64_t first, int64_t count, float* dst) const;
+  // The tensor's bytes as the file holds them (any dtype); `bytes` must be its size in the file.
+  void read_bytes(const std::string& name, void* dst, uint64_t bytes) const;
 
  private:
   struct State;
@@ -76,6 +85,15 @@ class SafetensorsReader {
 // the header is padded with spaces so the data section starts at a multiple of 8 bytes. Names
 // must be unique, non-empty and not "__metadata__"; dtypes F32, F64, I32, I64 or BOOL.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+// A tensor given as its bytes: dtype as the file spells it (F32, F64, I32, I64, BOOL, BF16, F16,
+// U8), `bytes` exactly shape x the dtype's size, little-endian, C order.
+struct SafetensorsEntry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string_view bytes;
+};
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                        const std::map<std::string, std::string>& metadata = {});
 // The bytes write_safetensors would write.
 std::string to_safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,

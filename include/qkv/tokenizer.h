@@ -14,7 +14,7 @@
 // A saved tokenizer is a directory holding qkv_tokenizer.json and the files of its kind:
 //   {"type": "byte"}
 //   {"type": "gpt2", "encoder": "encoder.json", "vocab": "vocab.bpe"}
-//   {"type": "sentencepiece", "model": "tokenizer.model"}
+//   {"type": "sentencepiece", "model": "tokenizer.model"}  (+ "add_bos", "add_eos": true)
 //   {"type": "hf", "file": "tokenizer.json", "config": "tokenizer_config.json"}  (config optional)
 //   {"type": "marian", "source": "source.spm", "target": "target.spm", "vocab": "vocab.json"}
 // File names in qkv_tokenizer.json are plain names inside that directory. Everything read is
@@ -127,8 +127,11 @@ std::unique_ptr<Tokenizer> parse_gpt2_tokenizer(const std::string& encoder_json_
 
 // SentencePiece from a .model file, or from the serialized ModelProto. Pieces must be non-empty
 // and free of NUL bytes (checked before SentencePiece sees them: its trie throws on either).
-std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file);
-std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name);
+// add_bos / add_eos: with_special_tokens puts bos before and eos after (qkv_tokenizer.json's
+// "add_bos": true, as a GGUF file's tokenizer.ggml.add_bos_token asks).
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file, bool add_bos = false, bool add_eos = false);
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name,
+                                               bool add_bos = false, bool add_eos = false);
 
 struct SentencePieceTrainOptions {
   int64_t vocab_size = 8000;

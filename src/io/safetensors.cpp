@@ -33,7 +33,7 @@ constexpr uint64_t kMaxDim = uint64_t{1} << 62;
 constexpr uint64_t kAlign = 8;  // the writer starts the data section at a multiple of this
 constexpr char kMetadataKey[] = "__metadata__";
 constexpr char kFields[] = "dtype, shape and data_offsets";
-constexpr char kReadable[] = "F32, F64, I32, I64, BOOL, BF16 or F16";
+constexpr char kReadable[] = "F32, F64, I32, I64, BOOL, BF16, F16 or U8";
 
 // Text from the file made safe to quote: control bytes become \xNN (UTF-8 passes through), long
 // text is cut.
@@ -63,7 +63,9 @@ std::string show(const Json& v) {
 // ---------------------------------------------------------------------------------------------
 // dtypes
 
-enum class Half { No, BF16, F16 };
+// No: read as is; BF16, F16: widened to float32; Bytes: raw bytes (U8: packed weights,
+// SafetensorsReader::read_bytes), never a Tensor.
+enum class Half { No, BF16, F16, Bytes };
 
 struct FileDType {
   const char* name;  // as spelled in the header
@@ -75,7 +77,7 @@ struct FileDType {
 constexpr FileDType kFileDTypes[] = {
     {"F32", 4, DType::F32, Half::No},  {"F64", 8, DType::F64, Half::No},   {"I32", 4, DType::I32, Half::No},
     {"I64", 8, DType::I64, Half::No},  {"BOOL", 1, DType::Bool, Half::No}, {"BF16", 2, DType::F32, Half::BF16},
-    {"F16", 2, DType::F32, Half::F16},
+    {"F16", 2, DType::F32, Half::F16}, {"U8", 1, DType::Bool, Half::Bytes},
 };
 
 // bfloat16 is the top half of a float32.
@@ -274,6 +276,8 @@ Header parse_header(const std::string& text, uint64_t data_size, const std::stri
 template <class Read>
 Tensor load(const Entry& e, const std::string& file, Read&& read) {
   const std::string where = detail::concat(file, ": tensor '", printable(e.name), "': ");
+  if (e.dtype->half == Half::Bytes)
+    fail(where, e.dtype->name, " holds raw bytes (a packed weight: docs/formats.md), not values a tensor can hold");
   Tensor t;
   try {
     t = Tensor(e.shape, e.dtype->dtype);
@@ -351,6 +355,12 @@ const char* writable_name(DType t) {
   return nullptr;
 }
 
+const FileDType* file_dtype(const std::string& name) {
+  for (const FileDType& f : kFileDTypes)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
 // `s` as a JSON string literal.
 std::string quoted(const std::string& s, const std::string& context, const char* what) {
   try {
@@ -360,11 +370,10 @@ std::string quoted(const std::string& s, const std::string& context, const char*
   }
 }
 
-// A .safetensors file as pieces: its first 8 + header bytes (returned), then each tensor's bytes
-// (contiguous copies, where a tensor is not, kept in *keep; `data` views them).
-std::string safetensors_head(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                             const std::map<std::string, std::string>& metadata, const std::string& context,
-                             std::vector<Tensor>* keep, std::vector<std::string_view>* data) {
+// A .safetensors file as pieces: its first 8 + header bytes (returned), then each entry's bytes
+// (`data` views them).
+std::string safetensors_head(const std::vector<SafetensorsEntry>& entries, const std::map<std::string, std::string>& metadata,
+                             const std::string& context, std::vector<std::string_view>* data) {
   // Header: {"__metadata__":{...},"name":{"dtype":..,"shape":[..],"data_offsets":[b,e]},...}
   std::string header = "{";
   if (!metadata.empty()) {
@@ -376,22 +385,28 @@ std::string safetensors_head(const std::vector<std::pair<std::string, Tensor>>& 
   }
   std::set<std::string_view> seen;
   uint64_t at = 0;
-  for (const auto& [name, t] : tensors) {
+  for (const SafetensorsEntry& e : entries) {
+    const std::string& name = e.name;
     if (name.empty()) fail(context, ": a tensor has an empty name (expected a non-empty name)");
     if (name == kMetadataKey) fail(context, ": tensor name \"__metadata__\" is reserved for the metadata");
     if (!seen.insert(name).second) fail(context, ": tensor '", printable(name), "' appears twice");
-    if (!t.defined()) fail(context, ": tensor '", printable(name), "' is undefined");
-    const char* dtype = writable_name(t.dtype());
-    if (dtype == nullptr)
-      fail(context, ": tensor '", printable(name), "' is ", t.describe(),
-           ", which .safetensors writing does not support (expected float32, float64, int32, int64 or bool)");
-    header += quoted(name, context, "tensor name") + ":{\"dtype\":\"" + dtype + "\",\"shape\":[";
-    for (size_t i = 0; i < t.shape().size(); ++i) {
-      if (i) header += ',';
-      header += std::to_string(t.shape()[i]);
+    const FileDType* f = file_dtype(e.dtype);
+    if (f == nullptr) fail(context, ": tensor '", printable(name), "' has dtype '", printable(e.dtype), "' (expected ", kReadable, ")");
+    uint64_t n = f->size;
+    for (int64_t d : e.shape) {
+      if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n))
+        fail(context, ": tensor '", printable(name), "' has shape ", shape_str(e.shape), " (negative or too large)");
     }
-    header += detail::concat("],\"data_offsets\":[", at, ",", at + t.nbytes(), "]},");
-    at += t.nbytes();
+    if (n != e.bytes.size())
+      fail(context, ": tensor '", printable(name), "' ", e.dtype, " ", shape_str(e.shape), " needs ", n, " bytes, given ",
+           e.bytes.size());
+    header += quoted(name, context, "tensor name") + ":{\"dtype\":\"" + f->name + "\",\"shape\":[";
+    for (size_t i = 0; i < e.shape.size(); ++i) {
+      if (i) header += ',';
+      header += std::to_string(e.shape[i]);
+    }
+    header += detail::concat("],\"data_offsets\":[", at, ",", at + n, "]},");
+    at += n;
   }
   if (header.back() == ',') header.pop_back();
   header += '}';
@@ -400,14 +415,35 @@ std::string safetensors_head(const std::vector<std::pair<std::string, Tensor>>& 
   std::string out;
   for (size_t i = 0; i < 8; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xff);
   out += header;
-  keep->clear();
   data->clear();
+  for (const SafetensorsEntry& e : entries)
+    if (!e.bytes.empty()) data->push_back(e.bytes);
+  return out;
+}
+
+// Tensors as entries (contiguous copies, where a tensor is not, kept in *keep).
+std::vector<SafetensorsEntry> entries_of(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                         const std::string& context, std::vector<Tensor>* keep) {
+  std::vector<SafetensorsEntry> out;
+  keep->clear();
   keep->reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
+    if (!t.defined()) fail(context, ": tensor '", printable(name), "' is undefined");
+    const char* dtype = writable_name(t.dtype());
+    if (dtype == nullptr)
+      fail(context, ": tensor '", printable(name), "' is ", t.describe(),
+           ", which .safetensors writing does not support (expected float32, float64, int32, int64 or bool)");
     keep->push_back(t.contiguous());
-    if (keep->back().nbytes() > 0) data->emplace_back(static_cast<const char*>(keep->back().raw_data()), keep->back().nbytes());
+    out.push_back({name, dtype, t.shape(),
+                   std::string_view(static_cast<const char*>(keep->back().raw_data()), keep->back().nbytes())});
   }
   return out;
+}
+
+std::string safetensors_head(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                             const std::map<std::string, std::string>& metadata, const std::string& context,
+                             std::vector<Tensor>* keep, std::vector<std::string_view>* data) {
+  return safetensors_head(entries_of(tensors, context, keep), metadata, context, data);
 }
 
 std::string safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -480,7 +516,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : s_(std::make_uni
   read_at(s_->fd, text.data(), n, 8, path);
   s_->data_at = 8 + n;
   s_->header = parse_header(text, s_->size - s_->data_at, path);
-  for (const Entry& e : s_->header.entries) s_->infos.push_back({e.name, e.dtype->name, e.shape});
+  for (const Entry& e : s_->header.entries) s_->infos.push_back({e.name, e.dtype->name, e.shape, e.end - e.begin});
 }
 
 SafetensorsReader::~SafetensorsReader() = default;
@@ -504,12 +540,23 @@ const SafetensorsReader::Info* SafetensorsReader::find(const std::string& name) 
 }
 
 void SafetensorsReader::read_f32(const std::string& name, float* dst) const {
+  const Info* i = find(name);
+  if (!i) fail(s_->path, ": has no tensor '", printable(name), "'");
+  read_f32_range(name, 0, i->numel(), dst);
+}
+
+void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, int64_t count, float* dst) const {
   const Entry* e = nullptr;
   for (const Entry& x : s_->header.entries)
     if (x.name == name) e = &x;
   if (!e) fail(s_->path, ": has no tensor '", printable(name), "'");
   const std::string& path = s_->path;
-  const uint64_t at = s_->data_at + e->begin, bytes = e->end - e->begin;
+  const uint64_t n = (e->end - e->begin) / e->dtype->size;
+  if (first < 0 || count < 0 || static_cast<uint64_t>(first) > n || static_cast<uint64_t>(count) > n - static_cast<uint64_t>(first))
+    fail(path, ": tensor '", printable(name), "' has ", n, " elements; elements [", first, ", ", first, " + ", count,
+         ") were asked for");
+  const uint64_t at = s_->data_at + e->begin + static_cast<uint64_t>(first) * e->dtype->size,
+                 bytes = static_cast<uint64_t>(count) * e->dtype->size;
   const std::string dt = e->dtype->name;
   if (dt == "F32") {
     read_at(s_->fd, reinterpret_cast<char*>(dst), bytes, at, path);
@@ -542,6 +589,18 @@ void SafetensorsReader::read_f32(const std::string& name, float* dst) const {
   if (now != s_->size) fail(path, ": file changed size while being read (from ", s_->size, " to ", now, " bytes)");
 }
 
+void SafetensorsReader::read_bytes(const std::string& name, void* dst, uint64_t bytes) const {
+  const Entry* e = nullptr;
+  for (const Entry& x : s_->header.entries)
+    if (x.name == name) e = &x;
+  if (!e) fail(s_->path, ": has no tensor '", printable(name), "'");
+  if (bytes != e->end - e->begin)
+    fail(s_->path, ": tensor '", printable(name), "' holds ", e->end - e->begin, " bytes, not ", bytes);
+  read_at(s_->fd, static_cast<char*>(dst), bytes, s_->data_at + e->begin, s_->path);
+  const uint64_t now = file_size(s_->fd, s_->path);
+  if (now != s_->size) fail(s_->path, ": file changed size while being read (from ", s_->size, " to ", now, " bytes)");
+}
+
 std::string to_safetensors_bytes(const std::vector<std::pair<std::string, Tensor>>& tensors,
                                  const std::map<std::string, std::string>& metadata) {
   return safetensors_bytes(tensors, metadata, "to_safetensors_bytes");
@@ -554,6 +613,14 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   std::vector<Tensor> keep;
   std::vector<std::string_view> pieces;
   const std::string head = safetensors_head(tensors, metadata, path, &keep, &pieces);
+  pieces.insert(pieces.begin(), std::string_view(head));
+  write_file_atomic(path, pieces);
+}
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<std::string_view> pieces;
+  const std::string head = safetensors_head(entries, metadata, path, &pieces);
   pieces.insert(pieces.begin(), std::string_view(head));
   write_file_atomic(path, pieces);
 }

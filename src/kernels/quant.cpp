@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "qkv/error.h"
+#include "qkv/parallel.h"
 
 namespace qkv {
 
@@ -33,26 +35,106 @@ WType parse_wtype(const std::string& s, const std::string& what) {
   fail(what, " ", s, ": expected f32, bf16, f16, int8 (q8_0) or q4 (q4_0)");
 }
 
-std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name) {
-  check(w.dim() == 2 && w.dtype() == DType::F32, name, ": a packed weight is a float32 matrix, got ", w.describe());
-  check(t != WType::F32, name, ": f32 is not packed (float32 products go through qkv::sgemm)");
-  auto p = std::make_shared<PackedWeight>();
-  p->type = t, p->rows = w.size(0), p->cols = w.size(1);
-  try {
-    p->row_bytes = kernels::row_bytes(t, p->cols);
-  } catch (const Error& e) {
-    fail(name, " ", shape_str(w.shape()), ": ", e.what());
-  }
-  p->bytes = std::make_shared<Storage>(p->row_bytes * static_cast<size_t>(p->rows), false);
-  const Tensor c = w.contiguous();
-  const float* src = c.data<float>();
-  for (int64_t r = 0; r < p->rows; ++r) {
+size_t packed_row_bytes(WType t, int64_t cols) { return kernels::row_bytes(t, cols); }
+
+namespace {
+
+// Runs fill(r) for every row in parallel; an error in any row is rethrown (the lowest row's),
+// after `name`.
+template <class Fill>
+void for_each_row(int64_t rows, const std::string& name, Fill&& fill) {
+  int64_t bad = rows;
+#pragma omp parallel for num_threads(num_threads()) schedule(static) reduction(min : bad)
+  for (int64_t r = 0; r < rows; ++r) {
     try {
-      kernels::quantize_row(t, src + r * p->cols, p->cols, const_cast<uint8_t*>(p->row(r)));
-    } catch (const Error& e) {
-      fail(name, " row ", r, ": ", e.what());
+      fill(r);
+    } catch (const Error&) {
+      bad = std::min(bad, r);
     }
   }
+  if (bad == rows) return;
+  try {
+    fill(bad);
+  } catch (const Error& e) {
+    fail(name, " ", e.what());
+  }
+  fail(name, " row ", bad, ": cannot be packed");
+}
+
+// A packed row holding something that is not finite is an error naming the weight.
+void check_row_finite(WType t, const void* row, int64_t K) {
+  const int64_t k = kernels::first_nonfinite(t, row, K);
+  if (k < 0) return;
+  fail("weight ", k, " is not finite as ", wtype_name(t),
+       t == WType::F16 ? " (beyond float16's range of +-65504, or infinite or NaN)"
+                       : t == WType::BF16 ? " (infinite or NaN)" : " (its block's float16 scale is infinite or NaN)");
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t cols, const std::string& name,
+                                              const std::function<void(int64_t, int64_t, float*)>& read) {
+  check(t != WType::F32, name, ": f32 is not packed (float32 products go through qkv::sgemm)");
+  check(rows >= 0 && cols >= 0, name, ": negative shape (", rows, ", ", cols, ")");
+  auto p = std::make_shared<PackedWeight>();
+  p->type = t, p->rows = rows, p->cols = cols;
+  try {
+    p->row_bytes = kernels::row_bytes(t, cols);
+  } catch (const Error& e) {
+    fail(name, " (", rows, ", ", cols, "): ", e.what());
+  }
+  p->bytes = std::make_shared<Storage>(p->row_bytes * static_cast<size_t>(rows), false);
+  // chunks of about 4 MiB of float32 rows
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
+  std::vector<float> buf(static_cast<size_t>(std::min(chunk, rows) * cols));
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, rows - r0);
+    read(r0, n, buf.data());
+    for_each_row(n, name, [&](int64_t r) {
+      try {
+        uint8_t* row = const_cast<uint8_t*>(p->row(r0 + r));
+        kernels::quantize_row(t, buf.data() + r * cols, cols, row);
+        check_row_finite(t, row, cols);
+      } catch (const Error& e) {
+        fail("row ", r0 + r, ": ", e.what());
+      }
+    });
+  }
+  return p;
+}
+
+std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const std::string& name) {
+  check(w.dim() == 2 && w.dtype() == DType::F32, name, ": a packed weight is a float32 matrix, got ", w.describe());
+  const Tensor c = w.contiguous();
+  const float* src = c.data<float>();
+  const int64_t cols = w.size(1);
+  return pack_rows(t, w.size(0), cols, name, [&](int64_t r0, int64_t n, float* dst) {
+    std::copy(src + r0 * cols, src + (r0 + n) * cols, dst);
+  });
+}
+
+std::shared_ptr<const PackedWeight> packed_from_bytes(WType t, int64_t rows, int64_t cols,
+                                                      std::shared_ptr<Storage> bytes, const std::string& name) {
+  check(t != WType::F32, name, ": f32 is not a packed type");
+  check(rows >= 0 && cols >= 0, name, ": negative shape (", rows, ", ", cols, ")");
+  auto p = std::make_shared<PackedWeight>();
+  p->type = t, p->rows = rows, p->cols = cols;
+  try {
+    p->row_bytes = kernels::row_bytes(t, cols);
+  } catch (const Error& e) {
+    fail(name, " (", rows, ", ", cols, "): ", e.what());
+  }
+  const size_t need = p->row_bytes * static_cast<size_t>(rows);
+  check(bytes && bytes->bytes() == need, name, ": ", wtype_name(t), " (", rows, ", ", cols, ") takes ", need,
+        " bytes, given ", bytes ? bytes->bytes() : 0);
+  p->bytes = std::move(bytes);
+  for_each_row(rows, name, [&](int64_t r) {
+    try {
+      check_row_finite(t, p->row(r), cols);
+    } catch (const Error& e) {
+      fail("row ", r, ": ", e.what());
+    }
+  });
   return p;
 }
 
@@ -170,6 +252,116 @@ void quantize_row(WType t, const float* x, int64_t K, void* out) {
       return;
     }
   }
+}
+
+namespace {
+
+// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (of 8) from their 12 packed bytes: the
+// first four whole in the low 6 bits of bytes j and j + 4; the last four split between the low
+// or high nibble of byte j + 4 and the top 2 bits of bytes j - 4 and j.
+void scale_min_k4(int j, const uint8_t* q, float* sc, float* m) {
+  if (j < 4) {
+    *sc = static_cast<float>(q[j] & 63);
+    *m = static_cast<float>(q[j + 4] & 63);
+  } else {
+    *sc = static_cast<float>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<float>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+void check_k(int64_t K, const char* what) {
+  check(K >= 0 && K % kKBlock == 0, what, " rows hold whole super-blocks of ", kKBlock, " weights, but a row has ", K);
+}
+
+}  // namespace
+
+void dequantize_q4_k(const void* row, int64_t K, float* out) {
+  check_k(K, "Q4_K");
+  const auto* b = static_cast<const BlockQ4_K*>(row);
+  for (int64_t i = 0; i < K / kKBlock; ++i) {
+    const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    // each 64 weights: sub-block 2s from the low nibbles of 32 bytes, 2s + 1 from their high ones
+    for (int s = 0; s < 4; ++s, q += 32) {
+      float sc0, m0, sc1, m1;
+      scale_min_k4(2 * s, b[i].scales, &sc0, &m0);
+      scale_min_k4(2 * s + 1, b[i].scales, &sc1, &m1);
+      for (int l = 0; l < 32; ++l) *out++ = d * sc0 * static_cast<float>(q[l] & 0xF) - dmin * m0;
+      for (int l = 0; l < 32; ++l) *out++ = d * sc1 * static_cast<float>(q[l] >> 4) - dmin * m1;
+    }
+  }
+}
+
+void dequantize_q5_k(const void* row, int64_t K, float* out) {
+  check_k(K, "Q5_K");
+  const auto* b = static_cast<const BlockQ5_K*>(row);
+  for (int64_t i = 0; i < K / kKBlock; ++i) {
+    const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int s = 0; s < 4; ++s, q += 32) {
+      float sc0, m0, sc1, m1;
+      scale_min_k4(2 * s, b[i].scales, &sc0, &m0);
+      scale_min_k4(2 * s + 1, b[i].scales, &sc1, &m1);
+      const int lo = 1 << (2 * s), hi = 1 << (2 * s + 1);  // the fifth bits of this 64
+      for (int l = 0; l < 32; ++l)
+        *out++ = d * sc0 * static_cast<float>((q[l] & 0xF) + (b[i].qh[l] & lo ? 16 : 0)) - dmin * m0;
+      for (int l = 0; l < 32; ++l)
+        *out++ = d * sc1 * static_cast<float>((q[l] >> 4) + (b[i].qh[l] & hi ? 16 : 0)) - dmin * m1;
+    }
+  }
+}
+
+void dequantize_q6_k(const void* row, int64_t K, float* out) {
+  check_k(K, "Q6_K");
+  const auto* b = static_cast<const BlockQ6_K*>(row);
+  for (int64_t i = 0; i < K / kKBlock; ++i) {
+    const float d = f16_to_f32(b[i].d);
+    const uint8_t *ql = b[i].ql, *qh = b[i].qh;
+    const int8_t* sc = b[i].scales;
+    // each 128 weights: four runs of 32 from 64 low-bit bytes and 32 high-bit bytes
+    for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8, out += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        out[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
+        out[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
+        out[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
+        out[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
+      }
+    }
+  }
+}
+
+int64_t first_nonfinite(WType t, const void* row, int64_t K) {
+  (void)row_bytes(t, K);
+  switch (t) {
+    case WType::F32:
+      for (int64_t k = 0; k < K; ++k)
+        if (!std::isfinite(static_cast<const float*>(row)[k])) return k;
+      return -1;
+    case WType::BF16:
+    case WType::F16: {
+      // all exponent bits set: infinity or NaN, in either layout
+      const uint16_t mask = t == WType::BF16 ? 0x7f80 : 0x7c00;
+      for (int64_t k = 0; k < K; ++k)
+        if ((static_cast<const uint16_t*>(row)[k] & mask) == mask) return k;
+      return -1;
+    }
+    case WType::Q8_0:
+    case WType::Q4_0: {
+      const size_t block = t == WType::Q8_0 ? sizeof(BlockQ8_0) : sizeof(BlockQ4_0);
+      for (int64_t i = 0; i < K / kQBlock; ++i) {
+        uint16_t d;
+        std::memcpy(&d, static_cast<const uint8_t*>(row) + static_cast<size_t>(i) * block, 2);
+        if ((d & 0x7c00) == 0x7c00) return i * kQBlock;
+      }
+      return -1;
+    }
+  }
+  return -1;
 }
 
 void dequantize_row(WType t, const void* row, int64_t K, float* out) {

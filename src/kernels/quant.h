@@ -38,6 +38,36 @@ struct BlockQ4_0 {
 static_assert(sizeof(BlockQ8_0) == 34 && alignof(BlockQ8_0) == 2, "GGUF's Q8_0 block is 34 bytes");
 static_assert(sizeof(BlockQ4_0) == 18 && alignof(BlockQ4_0) == 2, "GGUF's Q4_0 block is 18 bytes");
 
+// GGUF's K-quant super-blocks of 256 weights, as llama.cpp's files hold them. qkv dequantises
+// them (and packs the result to Q8_0 when loading a file): sub-blocks of 32 with 6-bit scales and
+// mins (Q4_K: w = d sc q - dmin m, q 4 bits; Q5_K: q 5 bits), or of 16 with int8 scales (Q6_K:
+// w = d sc (q - 32), q 6 bits).
+constexpr int64_t kKBlock = 256;
+struct BlockQ4_K {
+  uint16_t d, dmin;     // float16 super-block scales of the scales and of the mins
+  uint8_t scales[12];   // 8 scales and 8 mins, 6 bits each
+  uint8_t qs[128];      // 4-bit values: for each 64, 32 low nibbles then 32 high nibbles
+};
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[12];
+  uint8_t qh[32];       // the fifth bit: bit j/32 of byte j%32 for value j
+  uint8_t qs[128];
+};
+struct BlockQ6_K {
+  uint8_t ql[128];      // low 4 bits
+  uint8_t qh[64];       // high 2 bits
+  int8_t scales[16];    // one per 16 values
+  uint16_t d;           // float16 super-block scale
+};
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210,
+              "GGUF's K-quant blocks are 144, 176 and 210 bytes");
+// K weights (a multiple of 256) from their blocks (a scale that is not finite gives weights that
+// are not, which the packing that follows refuses).
+void dequantize_q4_k(const void* row, int64_t K, float* out);
+void dequantize_q5_k(const void* row, int64_t K, float* out);
+void dequantize_q6_k(const void* row, int64_t K, float* out);
+
 // Bytes of one row of K weights; K must be a multiple of 32 for Q8_0 and Q4_0 (checked).
 size_t row_bytes(WType t, int64_t K);
 
@@ -53,6 +83,9 @@ uint16_t f32_to_bf16(float f);
 // + 8.5))), and back.
 void quantize_row(WType t, const float* x, int64_t K, void* out);
 void dequantize_row(WType t, const void* row, int64_t K, float* out);
+// The index of the first weight of a packed row that is not finite (a float16 that overflowed, a
+// block whose scale is infinite or NaN: its first weight), or -1.
+int64_t first_nonfinite(WType t, const void* row, int64_t K);
 
 // The activations of an int8 product: per block of 32, d = max|x| / 127 and q = x / d rounded to
 // nearest even (q = 0 when the block is all zero); a block holding NaN or infinity gets d = NaN,

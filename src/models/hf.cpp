@@ -397,6 +397,9 @@ class Checkpoint {
   }
   const std::string& file_of(const std::string& name) const { return readers_[where_.at(name)].path(); }
   void read(const std::string& name, float* dst) const { readers_[where_.at(name)].read_f32(name, dst); }
+  void read_range(const std::string& name, int64_t first, int64_t count, float* dst) const {
+    readers_[where_.at(name)].read_f32_range(name, first, count, dst);
+  }
   std::vector<std::string> names() const {
     std::vector<std::string> out;
     for (const auto& [n, i] : where_) out.push_back(n);
@@ -801,6 +804,7 @@ std::vector<LayerStack> layer_stacks(const std::string& type, const ModelConfig&
 std::string hf_model_type_for(const ModelConfig& config) { return map_config(config).type; }
 
 std::string save_hf_model(const Model& model, const std::string& dir, const std::vector<std::string>& labels) {
+  model.check_not_packed("export");
   const ModelConfig& c = model.config();
   check(labels.empty() || c.arch == Arch::EncoderClassifier, "export: label names given for ", arch_name(c.arch),
         ", which is not a classifier");
@@ -892,7 +896,7 @@ ModelConfig hf_config(const std::string& text, const std::string& source, std::s
   return m;
 }
 
-Model load_hf_model(const std::string& dir, HfLoadReport* report) {
+Model load_hf_model(const std::string& dir, HfLoadReport* report, const LoadOptions& opt) {
   struct stat st {};
   check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": not a model directory");
   const std::string cfg_path = dir + "/config.json";
@@ -933,7 +937,7 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
             ": tensor \"", p.name, "\" is ", t->dtype, "; expected F32, F16 or BF16");
     }
 
-  Model m(cfg);
+  Model m(cfg, Model::Uninitialised{});  // every parameter is filled below (checked)
   std::set<std::string> planned;
   for (const Rule& r : rules) planned.insert(r.param);
   for (const Parameter& p : m.parameters())
@@ -942,28 +946,63 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report) {
   for (const Rule& r : rules) {
     const Parameter* param = m.find(r.param);
     check(param != nullptr, "internal: ", type, " rule for unknown parameter ", r.param);
-    Tensor& dst = param->var->value;
-    float* out = dst.data<float>();
+    const Tensor& dst = param->var->value;
     const int64_t cols = dst.dim() == 2 ? dst.size(1) : 1;
     int64_t row = 0;
+    bool whole_rows = dst.dim() == 2;  // every part a block of the parameter's rows, as stored
     for (const Part& p : r.parts) {
       used.insert(p.name);
       const int64_t rows = p.flat ? dst.size(0) : p.transpose ? p.shape[1] : p.shape[0];
-      const int64_t n = rows * cols;
       check(row + rows <= dst.size(0) && (p.flat || p.transpose || (p.shape.size() == 1 ? 1 : p.shape[1]) == cols),
             "internal: ", type, " rule for ", r.param, " does not fit ", shape_str(dst.shape()));
+      whole_rows = whole_rows && !p.flat && !p.transpose;
+      row += rows;
+    }
+    check(row == dst.size(0), "internal: ", type, " rule for ", r.param, " fills ", row, " of ", dst.size(0), " rows");
+    bool packed_now = false;
+    if (opt.dtype && whole_rows) {
+      // packed from the file a few MiB of rows at a time: its float32 values are never held
+      try {
+        packed_now = m.pack_parameter_from(r.param, *opt.dtype, [&](int64_t r0, int64_t n, float* out) {
+          int64_t base = 0;  // the parts' rows, stacked: [base, base + rows) is part p's
+          for (const Part& p : r.parts) {
+            const int64_t lo = std::max(r0, base), hi = std::min(r0 + n, base + p.shape[0]);
+            if (lo < hi) ck.read_range(p.name, (lo - base) * cols, (hi - lo) * cols, out + (lo - r0) * cols);
+            base += p.shape[0];
+          }
+        }, opt.fallback);
+      } catch (const Error& e) {
+        throw Error(detail::concat(dir, ": ", e.what()));
+      }
+    }
+    if (packed_now) {
+      release_cached_memory();  // the unwritten float32 allocation, now
+      continue;
+    }
+    float* out = dst.data<float>();
+    row = 0;
+    for (const Part& p : r.parts) {
+      const int64_t rows = p.flat ? dst.size(0) : p.transpose ? p.shape[1] : p.shape[0];
       if (!p.transpose) {
         ck.read(p.name, out + row * cols);  // straight into the parameter
       } else {
         // stored (in, out) = (cols, rows): parameter row i is the file's column i
-        std::vector<float> tmp(static_cast<size_t>(n));
+        std::vector<float> tmp(static_cast<size_t>(rows * cols));
         ck.read(p.name, tmp.data());
         for (int64_t a = 0; a < cols; ++a)
           for (int64_t b = 0; b < rows; ++b) out[(row + b) * cols + a] = tmp[static_cast<size_t>(a * rows + b)];
       }
       row += rows;
     }
-    check(row == dst.size(0), "internal: ", type, " rule for ", r.param, " fills ", row, " of ", dst.size(0), " rows");
+    if (opt.dtype) {
+      // a transposed matrix (GPT-2's Conv1D): packed now, its float32 values freed before the next
+      try {
+        m.pack_parameter(r.param, *opt.dtype, opt.fallback);
+      } catch (const Error& e) {
+        throw Error(detail::concat(dir, ": ", e.what()));
+      }
+      release_cached_memory();
+    }
   }
   if (report) {
     report->model_type = type;

@@ -12,12 +12,16 @@
 #include <string>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
+#include "io/json_strict.h"
 #include "kernels/quant.h"
 #include "models/model_impl.h"
 #include "nn/layers.h"
 #include "qkv/cpu.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "qkv/gguf.h"
 #include "qkv/hf.h"
 #include "qkv/rng.h"
 #include "qkv/safetensors.h"
@@ -193,6 +197,14 @@ Model::Model(ModelConfig config) : config_(std::move(config)), impl_(std::make_u
   build(config_, *impl_, r, first_stack_layers(config_), config_.arch == Arch::EncoderDecoder ? config_.n_decoder_layers : 0);
 }
 
+Model::Model(ModelConfig config, Uninitialised) : config_(std::move(config)), impl_(std::make_unique<Impl>()) {
+  config_.validate();
+  check_fits_in_memory(config_);
+  nn::Registry r{&params_, &impl_->inits};
+  r.zero = false;  // untouched pages cost no memory until the loader writes them
+  build(config_, *impl_, r, first_stack_layers(config_), config_.arch == Arch::EncoderDecoder ? config_.n_decoder_layers : 0);
+}
+
 Model::~Model() = default;
 Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
@@ -205,47 +217,105 @@ const Parameter* Model::find(const std::string& name) const {
 
 int64_t Model::num_parameters() const {
   int64_t n = 0;
-  for (const Parameter& p : params_) n += p.var->value.numel();
+  for (const Parameter& p : params_) n += p.var->packed ? p.var->packed->rows * p.var->packed->cols : p.var->value.numel();
   return n;
+}
+
+WType Model::pack_type_of(const Parameter& p, WType t, bool* fell_back) const {
+  *fell_back = false;
+  const Var& v = p.var;
+  const int64_t dims = v->packed ? 2 : v->value.dim();
+  if (t == WType::F32 || dims != 2) return WType::F32;
+  // The output layer and the token embeddings (often one matrix) at 8 bits or more, as llama.cpp's
+  // mixes keep them: Q8_0 for q4, the type itself otherwise. The projections: the type.
+  const bool table = v == impl_->lm_head.w || v == impl_->mlm.decoder.w || v == impl_->embed.table ||
+                     v == impl_->src_embed.table;
+  if (!table && !p.decay) return WType::F32;  // position and token-type tables stay float32
+  WType pt = table && t == WType::Q4_0 ? WType::Q8_0 : t;
+  const int64_t cols = v->packed ? v->packed->cols : v->value.size(1);
+  if ((pt == WType::Q8_0 || pt == WType::Q4_0) && cols % kernels::kQBlock != 0) {
+    pt = WType::BF16;  // a row that is not whole blocks of 32 (a feed-forward width of 172, say)
+    *fell_back = true;
+  }
+  return pt;
+}
+
+bool Model::pack_parameter_from(const std::string& name, WType t,
+                                const std::function<void(int64_t, int64_t, float*)>& read,
+                                std::vector<std::string>* fallback) {
+  Parameter* p = nullptr;
+  for (Parameter& q : params_)
+    if (q.name == name) p = &q;
+  check(p != nullptr, "pack: the model has no parameter \"", name, "\"");
+  bool fell_back = false;
+  const WType pt = pack_type_of(*p, t, &fell_back);
+  if (pt == WType::F32 || p->var->packed) return false;
+  if (fell_back && fallback) fallback->push_back(p->name);
+  const std::vector<int64_t> shape = p->var->value.shape();
+  p->var->packed = pack_rows(pt, shape[0], shape[1], p->name, read);
+  p->var->value = Tensor();  // the float32 values are freed (a loader's were never written)
+  weight_type_ = t;
+  return true;
+}
+
+bool Model::pack_parameter(const std::string& name, WType t, std::vector<std::string>* fallback) {
+  const Parameter* p = find(name);
+  check(p != nullptr, "pack: the model has no parameter \"", name, "\"");
+  if (!p->var->value.defined()) return false;
+  const Tensor w = p->var->value.contiguous();  // held while packing
+  const float* src = w.data<float>();
+  const int64_t cols = w.dim() == 2 ? w.size(1) : 0;
+  return pack_parameter_from(name, t, [&](int64_t r0, int64_t n, float* dst) {
+    std::copy(src + r0 * cols, src + (r0 + n) * cols, dst);
+  }, fallback);
+}
+
+void Model::adopt_packed(const std::string& name, std::shared_ptr<const PackedWeight> w) {
+  Parameter* p = nullptr;
+  for (Parameter& q : params_)
+    if (q.name == name) p = &q;
+  check(p != nullptr, "weights: the model has no parameter \"", name, "\"");
+  check(w != nullptr, "weights: \"", name, "\": no packed matrix");
+  bool fell_back = false;
+  check(pack_type_of(*p, w->type, &fell_back) != WType::F32, "weights: \"", name, "\" is packed to ",
+        wtype_name(w->type), ", but it is not a matrix that qkv packs (only projections, the output layer and the "
+        "token embeddings are)");
+  const std::vector<int64_t> want = p->var->packed ? std::vector<int64_t>{p->var->packed->rows, p->var->packed->cols}
+                                                   : p->var->value.shape();
+  check(want == std::vector<int64_t>{w->rows, w->cols}, "weights: \"", name, "\" packed as (", w->rows, ", ", w->cols,
+        ") but the config needs ", shape_str(want));
+  p->var->packed = std::move(w);
+  p->var->value = Tensor();
+  if (weight_type_ == WType::F32) weight_type_ = p->var->packed->type;
 }
 
 int64_t Model::pack_weights(WType t, std::vector<std::string>* fallback) {
   int64_t n = 0;
-  const bool blocks_t = t == WType::Q8_0 || t == WType::Q4_0;
-  for (Parameter& p : params_) {
-    if (!p.decay || p.var->value.dim() != 2 || p.name == "lm_head.weight") continue;
-    // a row that is not whole blocks of 32 (a feed-forward width of 172, say) takes bf16
-    WType pt = t;
-    if (blocks_t && p.var->value.size(1) % kernels::kQBlock != 0) {
-      pt = WType::BF16;
-      if (fallback) fallback->push_back(p.name);
-    }
-    p.var->packed = t == WType::F32 ? nullptr : pack_weight(p.var->value, pt, p.name);
-    n += t != WType::F32;
-  }
-  // The output layer (the embedding table when tied; the lookup keeps reading its float32 values)
-  // at 8 bits or more, as llama.cpp's mixes keep it: Q8_0 for q4, the type itself otherwise.
-  const Var& head = impl_->lm_head.w;
-  WType ht = t == WType::Q4_0 ? WType::Q8_0 : t;
-  if (head && head->value.dim() == 2 && ht == WType::Q8_0 && head->value.size(1) % kernels::kQBlock != 0) {
-    ht = WType::BF16;
-    if (fallback) fallback->push_back("lm_head.weight");
-  }
-  if (head && head->value.dim() == 2) {
-    head->packed = t == WType::F32 ? nullptr : pack_weight(head->value, ht, "lm_head.weight");
-    n += t != WType::F32;
-  }
+  for (const Parameter& p : params_) n += pack_parameter(p.name, t, fallback);
+  release_cached_memory();
   return n;
+}
+
+void Model::check_not_packed(const char* what) const {
+  if (weight_type_ == WType::F32) return;
+  for (const Parameter& p : params_)
+    check(!p.var->packed, what, ": the model's weights are packed to ", wtype_name(weight_type_),
+          " for inference (--dtype, qkv quantize), and their float32 values are not kept (\"", p.name,
+          "\" is packed); load the float32 model for this");
 }
 
 double Model::weight_bytes_per_token() const {
   double bytes = 0;
   for (const Parameter& p : params_) {
-    if (p.var->packed) {
-      bytes += static_cast<double>(p.var->packed->row_bytes) * static_cast<double>(p.var->packed->rows);
+    // a table only looked up (not also an output layer) is read one row per token
+    const Var& v = p.var;
+    const bool lookup = (v == impl_->embed.table || v == impl_->src_embed.table) && v != impl_->lm_head.w &&
+                        v != impl_->mlm.decoder.w;
+    const bool one_row = lookup || p.name == "pos_embed.weight";
+    if (v->packed) {
+      bytes += static_cast<double>(v->packed->row_bytes) * static_cast<double>(one_row ? 1 : v->packed->rows);
     } else {
-      int64_t n = p.var->value.numel();
-      if (p.name == "pos_embed.weight") n = config_.d_model;  // one row per token
+      const int64_t n = one_row && v->value.dim() == 2 ? v->value.size(1) : v->value.numel();
       bytes += static_cast<double>(n) * sizeof(float);
     }
   }
@@ -253,6 +323,7 @@ double Model::weight_bytes_per_token() const {
 }
 
 void Model::init(uint64_t seed) {
+  check_not_packed("init");
   Rng rng(seed);
   const ModelConfig& c = config_;
   const int64_t layers = c.arch == Arch::EncoderDecoder ? c.n_encoder_layers + c.n_decoder_layers : c.n_layers;
@@ -416,6 +487,7 @@ Var Model::loss(Tape& tape, const Var& logits, const Batch& batch, float label_s
 }
 
 std::vector<std::pair<std::string, Tensor>> Model::state_dict() const {
+  check_not_packed("state_dict");
   std::vector<std::pair<std::string, Tensor>> out;
   out.reserve(params_.size());
   for (const Parameter& p : params_) out.emplace_back(p.name, p.var->value);
@@ -438,6 +510,7 @@ Tensor shift_right(const Tensor& target_in, int64_t bos_id) {
 }
 
 void Model::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& tensors, bool allow_missing) {
+  check_not_packed("load_state_dict");
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [name, t] : tensors) {
     check(by_name.emplace(name, &t).second, "weights: tensor \"", name, "\" appears twice");
@@ -468,18 +541,72 @@ void Model::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& t
   }
 }
 
+namespace {
+
+// A packed matrix as a .safetensors entry: bf16 and f16 as BF16 / F16 (rows, cols), which every
+// safetensors reader understands; Q8_0 and Q4_0 as U8 (rows, row bytes) holding GGUF's blocks.
+SafetensorsEntry packed_entry(const std::string& name, const PackedWeight& w) {
+  const bool half = w.type == WType::BF16 || w.type == WType::F16;
+  return {name, w.type == WType::BF16 ? "BF16" : w.type == WType::F16 ? "F16" : "U8",
+          {w.rows, half ? w.cols : static_cast<int64_t>(w.row_bytes)},
+          std::string_view(static_cast<const char*>(w.bytes->data()), w.row_bytes * static_cast<size_t>(w.rows))};
+}
+
+constexpr char kPackedKey[] = "qkv_packed";  // metadata: {"name": "q8_0", ...} as a JSON string
+
+// The packed tensors a file declares, checked: an object of tensor name -> bf16, f16, q8_0, q4_0.
+std::map<std::string, WType> packed_of(const std::map<std::string, std::string>& metadata, const std::string& file) {
+  std::map<std::string, WType> out;
+  auto it = metadata.find(kPackedKey);
+  if (it == metadata.end()) return out;
+  const nlohmann::json j = detail::parse_json_object(it->second, file + ": __metadata__[\"qkv_packed\"]");
+  for (const auto& [name, v] : j.items()) {
+    check(v.is_string(), file, ": __metadata__[\"qkv_packed\"][\"", name, "\"] is ", v.dump(),
+          "; expected a weight type (bf16, f16, q8_0, q4_0)");
+    const std::string t = v.get<std::string>();
+    check(t == "bf16" || t == "f16" || t == "q8_0" || t == "q4_0", file, ": __metadata__[\"qkv_packed\"][\"", name,
+          "\"] is \"", t, "\"; expected bf16, f16, q8_0 or q4_0");
+    out[name] = parse_wtype(t, "qkv_packed");
+  }
+  return out;
+}
+
+}  // namespace
+
 void Model::save(const std::string& dir) const {
   if (::mkdir(dir.c_str(), 0777) != 0 && errno != EEXIST)
     throw Error(detail::concat(dir, ": cannot create the model directory: ", std::strerror(errno)));
   struct stat st {};
   check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": exists and is not a directory");
-  write_safetensors(dir + "/model.safetensors", state_dict(), {{"format", "pt"}, {"qkv_format", "1"}});
+  std::map<std::string, std::string> meta{{"format", "pt"}, {"qkv_format", "1"}};
+  std::vector<SafetensorsEntry> entries;
+  nlohmann::json packed = nlohmann::json::object();
+  for (const Parameter& p : params_) {
+    if (p.var->packed) {
+      entries.push_back(packed_entry(p.name, *p.var->packed));
+      packed[p.name] = wtype_name(p.var->packed->type);
+    } else {
+      const Tensor& t = p.var->value;
+      entries.push_back({p.name, "F32", t.shape(), std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes())});
+    }
+  }
+  if (!packed.empty()) {
+    meta[kPackedKey] = packed.dump();
+    meta["qkv_dtype"] = wtype_name(weight_type_);
+  }
+  write_safetensors(dir + "/model.safetensors", entries, meta);
   write_file_atomic(dir + "/config.json", config_.to_json());
 }
 
-Model Model::load(const std::string& dir) {
-  if (is_hf_model_dir(dir)) return load_hf_model(dir);  // a Hugging Face folder (qkv/hf.h)
+Model Model::load(const std::string& dir, const LoadOptions& opt) {
+  if (is_hf_model_dir(dir)) return load_hf_model(dir, nullptr, opt);  // a Hugging Face folder (qkv/hf.h)
   struct stat st {};
+  // a file: llama.cpp's GGUF (qkv/gguf.h)
+  if (::stat(dir.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    check(is_gguf_file(dir), dir, ": not a model: a file that is not GGUF (it does not start with \"GGUF\"); a model "
+          "is a directory with config.json and model.safetensors, or a GGUF file");
+    return load_gguf_model(dir, opt);
+  }
   check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": not a model directory (expected a directory with config.json and model.safetensors)");
   const std::string cfg_path = dir + "/config.json", w_path = dir + "/model.safetensors";
   check(::stat(cfg_path.c_str(), &st) == 0, dir, ": not a model directory: config.json is missing");
@@ -487,27 +614,98 @@ Model Model::load(const std::string& dir) {
   const ModelConfig cfg = ModelConfig::load(cfg_path);
   // The weights file's header first, with the reader's own checks (truncated, a directory, a
   // FIFO, ... each named precisely); then the values it declares, whatever their dtype (F16 holds
-  // a parameter in 2 bytes), must cover the config's parameters: a config that implies more
-  // belongs to another model, and is refused before allocating it.
+  // a parameter in 2 bytes, a packed Q4_0 matrix 18 bytes per 32), must cover the config's
+  // parameters: a config that implies more belongs to another model, and is refused before
+  // allocating it.
+  const SafetensorsReader file(w_path);
+  const std::map<std::string, WType> packed = packed_of(file.metadata(), w_path);
   double held = 0;
-  size_t count = 0;
-  {
-    const SafetensorsReader header(w_path);
-    for (const SafetensorsReader::Info& t : header.tensors()) held += static_cast<double>(t.numel());
-    count = header.tensors().size();
+  for (const SafetensorsReader::Info& t : file.tensors()) {
+    auto it = packed.find(t.name);
+    const WType pt = it == packed.end() || t.dtype != "U8" ? WType::F32 : it->second;
+    held += static_cast<double>(t.numel()) *
+            (pt == WType::Q8_0 ? 32.0 / 34 : pt == WType::Q4_0 ? 32.0 / 18 : 1.0);
   }
+  const size_t count = file.tensors().size();
   const ParameterPlan plan = plan_parameters(cfg);
   const double n = plan.total(cfg);
-  check(n <= held, cfg_path, ": the config implies ", fmt_count(n), " parameters (most of them in ",
+  check(n <= held + 0.5, cfg_path, ": the config implies ", fmt_count(n), " parameters (most of them in ",
         largest_part(cfg, plan), "), but ", w_path, " holds only ", fmt_count(held), " values in ", count,
         count == 1 ? " tensor" : " tensors", ": the two files do not belong together");
-  Model m(cfg);
-  SafetensorsFile f = read_safetensors(w_path);
-  try {
-    m.load_state_dict(f.tensors);
-  } catch (const Error& e) {
-    throw Error(detail::concat(w_path, ": ", e.what()));
+  WType stored_type = WType::F32;
+  if (!packed.empty()) {
+    auto it = file.metadata().find("qkv_dtype");
+    check(it != file.metadata().end(), w_path, ": __metadata__ has \"qkv_packed\" but no \"qkv_dtype\"");
+    const std::string stored = it->second;
+    stored_type = parse_wtype(stored, w_path + ": __metadata__[\"qkv_dtype\"]");
+    check(stored_type != WType::F32, w_path, ": __metadata__[\"qkv_dtype\"] is f32, but the file holds packed weights");
+    check(!opt.dtype || wtype_name(*opt.dtype) == stored, dir, ": its weights are packed to ", stored,
+          " (qkv quantize); --dtype ", opt.dtype ? wtype_name(*opt.dtype) : "", " would pack them again from the "
+          "packed values: load it without --dtype (or with --dtype ", stored, "), or quantize the float32 model");
   }
+  for (const auto& [name, t] : packed)
+    check(file.find(name) != nullptr, w_path, ": __metadata__[\"qkv_packed\"] names \"", name,
+          "\", which the file does not hold");
+
+  Model m(cfg, Uninitialised{});
+  for (const SafetensorsReader::Info& t : file.tensors())
+    check(m.find(t.name) != nullptr, w_path, ": unexpected tensor \"", t.name, "\" ", shape_str(t.shape), ": this ",
+          arch_name(cfg.arch), " model has no parameter of that name",
+          cfg.tie_embeddings && t.name == "lm_head.weight" ? " (tie_embeddings is on: lm_head is the embedding)" : "");
+  for (size_t i = 0; i < m.params_.size(); ++i) {
+    const std::string name = m.params_[i].name;  // a copy: packing replaces nothing in params_, but be plain
+    const SafetensorsReader::Info* t = file.find(name);
+    check(t != nullptr, w_path, ": parameter \"", name, "\" ",
+          shape_str(m.params_[i].var->value.shape()), " is missing");
+    const std::vector<int64_t> want = m.params_[i].var->value.shape();
+    auto pk = packed.find(name);
+    if (pk != packed.end()) {
+      // stored packed: the bytes as they are
+      const WType pt = pk->second;
+      check(want.size() == 2, w_path, ": \"", name, "\" is packed to ", wtype_name(pt), ", but the parameter is ",
+            shape_str(want), ", not a matrix");
+      const bool half = pt == WType::BF16 || pt == WType::F16;
+      size_t rb = 0;
+      try {
+        rb = packed_row_bytes(pt, want[1]);
+      } catch (const Error& e) {
+        throw Error(detail::concat(w_path, ": \"", name, "\" ", shape_str(want), ": ", e.what()));
+      }
+      const std::vector<int64_t> stored_shape{want[0], half ? want[1] : static_cast<int64_t>(rb)};
+      const char* dtype = pt == WType::BF16 ? "BF16" : pt == WType::F16 ? "F16" : "U8";
+      check(t->dtype == dtype && t->shape == stored_shape, w_path, ": \"", name, "\" is ", t->dtype, " ",
+            shape_str(t->shape), "; ", wtype_name(pt), " packing of ", shape_str(want), " is ", dtype, " ",
+            shape_str(stored_shape));
+      auto bytes = std::make_shared<Storage>(t->bytes, false);
+      file.read_bytes(name, bytes->data(), t->bytes);
+      try {
+        m.adopt_packed(name, packed_from_bytes(pt, want[0], want[1], std::move(bytes), name));
+      } catch (const Error& e) {
+        throw Error(detail::concat(w_path, ": ", e.what()));
+      }
+    } else {
+      check(t->shape == want, w_path, ": weights: \"", name, "\" has shape ", shape_str(t->shape),
+            " but the config needs ", shape_str(want));
+      check(t->dtype == "F32" || t->dtype == "F64" || t->dtype == "F16" || t->dtype == "BF16", w_path, ": weights: \"",
+            name, "\" has dtype ", t->dtype, "; expected float32");
+      bool packed_now = false;
+      if (opt.dtype) {
+        // packed from the file a few MiB of rows at a time: its float32 values are never held
+        const int64_t cols = want.size() == 2 ? want[1] : 0;
+        try {
+          packed_now = m.pack_parameter_from(name, *opt.dtype, [&](int64_t r0, int64_t rows, float* dst) {
+            file.read_f32_range(name, r0 * cols, rows * cols, dst);
+          }, opt.fallback);
+        } catch (const Error& e) {
+          throw Error(detail::concat(w_path, ": ", e.what()));
+        }
+        if (packed_now) release_cached_memory();  // the unwritten float32 allocation, now
+      }
+      if (!packed_now) file.read_f32(name, m.params_[i].var->value.data<float>());
+    }
+  }
+  if (opt.dtype) m.weight_type_ = *opt.dtype;
+  if (!packed.empty()) m.weight_type_ = stored_type;
   return m;
 }
 

@@ -18,7 +18,7 @@ Var Registry::add(const std::string& name, std::vector<int64_t> shape, bool deca
     *count += n;
     return nullptr;
   }
-  Var v = make_var(Tensor(std::move(shape), DType::F32), true);
+  Var v = make_var(zero ? Tensor(std::move(shape), DType::F32) : Tensor::empty(std::move(shape), DType::F32), true);
   params->push_back({name, v, decay});
   inits->push_back(init);
   return v;

@@ -35,6 +35,7 @@ struct Registry {
   std::vector<Parameter>* params;
   std::vector<Init>* inits;
   double* count = nullptr;
+  bool zero = true;  // false: allocated, not zeroed (a loader fills every parameter)
   Var add(const std::string& name, std::vector<int64_t> shape, bool decay, Init init);
 };
 

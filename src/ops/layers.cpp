@@ -222,7 +222,33 @@ Var scale(Tape& tape, const Var& x, float s) {
 
 // ---- embedding and positions -----------------------------------------------------------------
 
+namespace {
+
+// E[ids] from a packed table (inference): each row dequantised.
+Var embedding_packed(const Tensor& ids_in, const PackedWeight& P) {
+  Tensor ids = as_ids(ids_in, "embedding");
+  const int64_t N = ids.numel(), V = P.rows, C = P.cols;
+  const int64_t bad = kernels::embedding_check_ids(ids.data<int64_t>(), N, V);
+  check(bad < 0, "embedding: id ", bad < 0 ? 0 : ids.data<int64_t>()[bad], " at flat index ", bad,
+        " is outside the vocabulary [0, ", V, ")");
+  std::vector<int64_t> shape = ids.shape();
+  shape.push_back(C);
+  Var y = new_output(shape, false);
+  const int64_t* id = ids.data<int64_t>();
+  float* out = y->value.data<float>();
+#pragma omp parallel for num_threads(detail::threads_for(N * C)) schedule(static)
+  for (int64_t i = 0; i < N; ++i) kernels::dequantize_row(P.type, P.row(id[i]), C, out + i * C);
+  return y;
+}
+
+}  // namespace
+
 Var embedding(Tape& tape, const Tensor& ids_in, const Var& table) {
+  if (table && table->packed) {
+    check(!(tape.recording && needs_grad(table)), "embedding: a table packed to ", wtype_name(table->packed->type),
+          " is for inference; it takes no gradient");
+    return embedding_packed(ids_in, *table->packed);
+  }
   const Tensor& Tb = value_of(table, "embedding", "table");
   check(Tb.dim() == 2, "embedding: table must be (V, C), got ", shape_str(Tb.shape()));
   Tensor ids = as_ids(ids_in, "embedding");

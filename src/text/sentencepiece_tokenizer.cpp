@@ -51,7 +51,17 @@ SpmSpec read_spec(std::string_view bytes, const std::string& name);
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp) : sp_(std::move(sp)) {}
+  SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp, bool add_bos, bool add_eos)
+      : sp_(std::move(sp)), add_bos_(add_bos), add_eos_(add_eos) {}
+
+  // bos before and eos after, where the model asks for them (a GGUF file's add_bos_token)
+  std::vector<int32_t> with_special_tokens(const std::vector<int32_t>& ids) const override {
+    std::vector<int32_t> out;
+    if (add_bos_ && bos_id() >= 0) out.push_back(bos_id());
+    out.insert(out.end(), ids.begin(), ids.end());
+    if (add_eos_ && eos_id() >= 0) out.push_back(eos_id());
+    return out;
+  }
 
   std::string type() const override { return "sentencepiece"; }
   int64_t vocab_size() const override { return sp_->GetPieceSize(); }
@@ -147,12 +157,15 @@ class SentencePieceTokenizer final : public Tokenizer {
   void save(const std::string& dir) const override {
     const std::filesystem::path d(dir);
     write_file_atomic((d / "tokenizer.model").string(), sp_->serialized_model_proto());
-    const Json j = {{"type", "sentencepiece"}, {"model", "tokenizer.model"}};
+    Json j = {{"type", "sentencepiece"}, {"model", "tokenizer.model"}};
+    if (add_bos_) j["add_bos"] = true;
+    if (add_eos_) j["add_eos"] = true;
     write_file_atomic((d / kTokenizerFile).string(), j.dump(2) + "\n");
   }
 
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  bool add_bos_ = false, add_eos_ = false;
 };
 
 // The training sentences, handed to SentencePiece one by one without copying.
@@ -533,8 +546,9 @@ class MarianTokenizer final : public Tokenizer {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name) {
-  return std::make_unique<SentencePieceTokenizer>(load_processor(model_proto, name));
+std::unique_ptr<Tokenizer> parse_sentencepiece(const std::string& model_proto, const std::string& name, bool add_bos,
+                                               bool add_eos) {
+  return std::make_unique<SentencePieceTokenizer>(load_processor(model_proto, name), add_bos, add_eos);
 }
 
 std::unique_ptr<Tokenizer> load_marian_tokenizer(const std::string& dir, const std::string& source,

@@ -3,6 +3,8 @@
 // SentencePiece in sentencepiece_tokenizer.cpp.
 #include "qkv/tokenizer.h"
 
+#include "qkv/gguf.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -276,8 +278,8 @@ std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, 
   return parse_gpt2_tokenizer(encoder, merges, encoder_json, vocab_bpe);
 }
 
-std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file) {
-  return parse_sentencepiece(read_file(model_file, "SentencePiece model"), model_file);
+std::unique_ptr<Tokenizer> load_sentencepiece(const std::string& model_file, bool add_bos, bool add_eos) {
+  return parse_sentencepiece(read_file(model_file, "SentencePiece model"), model_file, add_bos, add_eos);
 }
 
 namespace {
@@ -351,6 +353,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
   const auto status = std::filesystem::status(dir, ec);
   if (!std::filesystem::exists(status))
     fail(dir, ": tokenizer directory does not exist (expected a directory holding ", kTokenizerFile, ")");
+  if (std::filesystem::is_regular_file(status) && is_gguf_file(dir)) return load_gguf_tokenizer(GgufFile(dir));
   if (!std::filesystem::is_directory(status))
     fail(dir, ": not a directory (expected a tokenizer directory holding ", kTokenizerFile, ")");
   std::string file = join(dir, kTokenizerFile);
@@ -381,8 +384,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir) {
     return load_gpt2_tokenizer(join(dir, file_field(j, "encoder", file)), join(dir, file_field(j, "vocab", file)));
   }
   if (type == "sentencepiece") {
-    only_keys(j, {"type", "model"}, type, file);
-    return load_sentencepiece(join(dir, file_field(j, "model", file)));
+    only_keys(j, {"type", "model", "add_bos", "add_eos"}, type, file);
+    for (const char* k : {"add_bos", "add_eos"})
+      check(!j.contains(k) || j.at(k).is_boolean(), file, ": \"", k, "\" must be true or false, got ", j.contains(k) ? j.at(k).dump() : "");
+    return load_sentencepiece(join(dir, file_field(j, "model", file)), j.value("add_bos", false), j.value("add_eos", false));
   }
   if (type == "hf") {
     only_keys(j, {"type", "file", "config"}, type, file);

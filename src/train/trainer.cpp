@@ -153,6 +153,7 @@ struct Trainer::Reducer {
 
 Trainer::Trainer(Model& model, TrainConfig config) : model_(model), config_(std::move(config)), rng_(config_.seed) {
   validate(config_);
+  model_.check_not_packed("train");
   for (const Parameter& p : model_.parameters()) {
     m_.emplace_back(p.var->value.shape(), DType::F32);
     v_.emplace_back(p.var->value.shape(), DType::F32);
