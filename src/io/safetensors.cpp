@@ -564,9 +564,9 @@ void SafetensorsReader::read_f32_range(const std::string& name, int64_t first, i
     // through a small buffer, converting as it goes
     const uint64_t width = e->dtype->size, chunk = uint64_t{1} << 16;
     std::vector<char> buf(static_cast<size_t>(chunk * width));
-    const uint64_t count = bytes / width;
-    for (uint64_t i = 0; i < count; i += chunk) {
-      const uint64_t k = std::min(chunk, count - i);
+    const uint64_t elements = bytes / width;
+    for (uint64_t i = 0; i < elements; i += chunk) {
+      const uint64_t k = std::min(chunk, elements - i);
       read_at(s_->fd, buf.data(), k * width, at + i * width, path);
       for (uint64_t j = 0; j < k; ++j) {
         float f;

@@ -20,7 +20,9 @@
 // at every call site (a known false positive of the headers, not of this code).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #ifndef QKV_ISA
 #error "QKV_ISA must be defined by the build"
