@@ -15,7 +15,10 @@ interleaved-pair order of its RoPE, which qkv must put back. Checks:
     K-quants to Q8_0);
   - the SentencePiece tokenizer from tokenizer.ggml.* encodes as a reference BPE-by-score
     encoder, with <s> first as tokenizer.ggml.add_bos_token asks; generate runs on the file;
-  - qkv quantize writes a directory from the file that gives the same logits;
+  - qkv quantize writes a directory from the file that gives the same logits, and qkv export
+    --format gguf writes that directory back as GGUF with every tensor's bytes and the metadata of
+    the original file; a float32 Llama folder exports as F32 with the same logits; a GPT-2-shaped
+    model is refused;
   - hostile files (bad magic, version 1, big-endian, counts near 2^64, strings past the end,
     unknown value types, nested arrays, duplicate keys and tensors, 0 or 5 dimensions, rows that
     are not whole blocks, unread types, unaligned or overlapping or truncated data, a bad
@@ -272,6 +275,56 @@ def random_llama(rng, dim=256, hidden=512, layers=2, heads=4, kv_heads=2, vocab=
     return cfg, t
 
 
+def read_gguf(path):
+    """A minimal reader (for checking what qkv writes): {key: value}, {name: (ne, type, bytes)}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = [0]
+
+    def take(fmt):
+        v = struct.unpack_from(fmt, data, at[0])
+        at[0] += struct.calcsize(fmt)
+        return v[0]
+
+    def string():
+        n = take("<Q")
+        s = data[at[0]:at[0] + n].decode("utf-8")
+        at[0] += n
+        return s
+
+    def value(kind):
+        if kind == STRING:
+            return string()
+        if kind == ARRAY:
+            elem, n = take("<I"), take("<Q")
+            return [value(elem) for _ in range(n)]
+        return take(SCALAR[kind])
+
+    assert data[:4] == b"GGUF"
+    at[0] = 4
+    take("<I")
+    n_t, n_kv = take("<Q"), take("<Q")
+    kv = {}
+    for _ in range(n_kv):
+        key = string()
+        kv[key] = value(take("<I"))
+    infos = []
+    for _ in range(n_t):
+        name = string()
+        ne = [take("<Q") for _ in range(take("<I"))]
+        infos.append((name, ne, take("<I"), take("<Q")))
+    align = kv.get("general.alignment", 32)
+    base = (at[0] + align - 1) // align * align
+    size = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q8_0: (32, 34), Q4_0: (32, 18), Q4_K: (256, 144), Q5_K: (256, 176),
+            Q6_K: (256, 210)}
+    tensors = {}
+    for name, ne, typ, off in infos:
+        blk, b = size[typ]
+        n = int(np.prod(ne[1:])) * ne[0] // blk * b
+        tensors[name] = (ne, typ, data[base + off:base + off + n])
+    return kv, tensors
+
+
 def run(cmd, want_rc=0):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if want_rc is not None and p.returncode != want_rc:
@@ -409,6 +462,43 @@ def main():
     p = run([qkv, "tokenize", "--model", qdir, "--ids", "--special", "--text", "the cat sat"])
     ok([int(x) for x in p.stdout.split()] == rq.encode("the cat sat", ref_pieces, scores),
        "the quantized directory keeps the tokenizer and its <s>")
+
+    # ---- export --format gguf: the packed directory back to GGUF, byte for byte ----
+    back = os.path.join(work, "exported.gguf")
+    p = run([qkv, "export", "--model", qdir, "--format", "gguf", "--out", back])
+    kv0, t0 = read_gguf(path)
+    kv1, t1 = read_gguf(back)
+    ok(set(t0) == set(t1) and all(t0[n] == t1[n] for n in t0),
+       "export --format gguf of the quantized directory: every tensor (ggml shape, type, bytes) as the original file")
+    same_kv = [k for k in kv0 if k.startswith("llama.") or k.startswith("tokenizer.ggml.")]
+    ok(all(kv1.get(k) == kv0[k] or (isinstance(kv0[k], float) and abs(kv1.get(k, 1e9) - kv0[k]) < 1e-12)
+           for k in same_kv if k != "tokenizer.ggml.add_space_prefix"),
+       "the exported metadata (llama.*, tokenizer.ggml.*) equals the original's: %s" %
+       [k for k in same_kv if kv1.get(k) != kv0[k]])
+    a3 = logits(qkv, back, ids_path, os.path.join(work, "w.npy"))
+    ok(np.array_equal(a1, a3), "the exported file gives the original file's logits")
+    # a float32 Hugging Face folder: F32 tensors, logits equal
+    cfg, t = random_llama(rng)
+    folder = os.path.join(work, "export-hf")
+    rq.hf_folder(cfg, t, folder)
+    f32 = os.path.join(work, "export-f32.gguf")
+    p = run([qkv, "export", "--model", folder, "--format", "gguf", "--out", f32])
+    ok("no tokenizer written" in p.stderr, "a folder without a tokenizer: said (%s)" % p.stderr.strip()[:120])
+    g1 = logits(qkv, f32, ids_path, os.path.join(work, "g.npy"))
+    g2 = logits(qkv, folder, ids_path, os.path.join(work, "w.npy"))
+    ok(np.array_equal(g1, g2), "export --format gguf of a float32 Llama folder: the file's logits equal the folder's")
+    ok(read_gguf(f32)[1]["blk.0.attn_q.weight"][2] == t["wq"][0].astype(np.float32).tobytes(),
+       "its Q rows are back in llama.cpp's interleaved order (the bytes this test would write)")
+    # a model that is not Llama-shaped is refused by name
+    gpt = os.path.join(work, "gpt.json")
+    with open(gpt, "w") as f:
+        json.dump({"arch": "decoder", "vocab_size": 32, "d_model": 32, "n_heads": 2, "d_ff": 64, "n_layers": 1,
+                   "positional": "learned", "max_len": 16, "norm_first": True}, f)
+    run([qkv, "init", "--config", gpt, "--out", os.path.join(work, "gptdir")])
+    p = run([qkv, "export", "--model", os.path.join(work, "gptdir"), "--format", "gguf", "--out",
+             os.path.join(work, "gpt.gguf")], want_rc=None)
+    ok(p.returncode == 2 and "Llama-shaped" in p.stderr and not os.path.exists(os.path.join(work, "gpt.gguf")),
+       "export --format gguf of a GPT-2-shaped model: refused, nothing written (%s)" % p.stderr.strip()[:150])
 
     # ---- hostile files: one clear error each ----
     cfg, t = random_llama(rng, dim=64, hidden=128, vocab=40, heads=4, kv_heads=2)

@@ -243,7 +243,28 @@ struct ExportCmd {
 };
 
 int run_export(const ExportCmd& o) {
-  check(o.format == "hf", "--format ", o.format, ": expected hf (a Hugging Face folder)");
+  check(o.format == "hf" || o.format == "gguf", "--format ", o.format,
+        ": expected hf (a Hugging Face folder) or gguf (a llama.cpp file)");
+  if (o.format == "gguf") {
+    check(fs::absolute(o.out) != fs::absolute(o.model), "--out ", o.out, ": is the model itself");
+    const fs::path parent = fs::absolute(o.out).parent_path();
+    check(fs::is_directory(parent), "--out ", o.out, ": the directory ", parent.string(), " does not exist");
+    const Model m = load_model(o.model);
+    std::unique_ptr<Tokenizer> tok;
+    std::string note;
+    try {
+      tok = load_tokenizer(o.model);
+    } catch (const Error& e) {
+      note = e.what();
+    }
+    std::string why;
+    save_gguf_model(m, tok.get(), o.out, &why);
+    if (tok) note = why;
+    std::cout << "exported " << o.model << " as GGUF (llama, " << wtype_name(m.weight_type()) << " weights): " << o.out
+              << " (" << m.num_parameters() << " parameters)\n";
+    if (!note.empty()) std::cerr << "qkv: note: no tokenizer written into the file: " << note << "\n";
+    return 0;
+  }
   const Model m = load_model(o.model);
   check(fs::absolute(o.out) != fs::absolute(o.model), "--out ", o.out, ": is the model directory itself");
   std::string type;
@@ -448,11 +469,11 @@ Runner add_export(CLI::App& app) {
   auto o = std::make_shared<ExportCmd>();
   CLI::App* c = app.add_subcommand(
       "export",
-      "Write a model as a Hugging Face folder (config.json, model.safetensors and its tokenizer's files): gpt2, llama, "
-      "bert or marian");
+      "Write a model as a Hugging Face folder (config.json, model.safetensors and its tokenizer's files: gpt2, llama, "
+      "bert or marian) or as a GGUF file (Llama-shaped models, packed weights as they are)");
   c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder)")->required();
-  c->add_option("--format", o->format, "Output format: hf (default)");
-  c->add_option("--out", o->out, "Folder to write")->required();
+  c->add_option("--format", o->format, "Output format: hf (default) or gguf");
+  c->add_option("--out", o->out, "Folder to write (hf), or the .gguf file (gguf)")->required();
   return [o] { return run_export(*o); };
 }
 

@@ -121,4 +121,26 @@ std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& file);
 // tokenizer.chat_template, or "" when the file has none.
 std::string gguf_chat_template(const GgufFile& file);
 
+// A tensor to write: ggml shape (ne[0] a row's length), type, and its bytes.
+struct GgufTensorBytes {
+  std::string name;
+  std::vector<int64_t> ne;
+  GgmlType type = GgmlType::F32;
+  std::string bytes;
+};
+// Writes a GGUF version 3 file atomically: `metadata` in order (kinds U32, I32, F32, Bool, String,
+// arrays of String, F32 or I32), then the tensors, each aligned to 32 bytes.
+void write_gguf(const std::string& path, const std::vector<std::pair<std::string, GgufValue>>& metadata,
+                const std::vector<GgufTensorBytes>& tensors);
+
+// Writes a Llama-shaped model (one that maps onto Hugging Face's llama without biases: qkv's
+// Llama, TinyLlama, a Llama folder) as a GGUF file that llama.cpp and qkv read: the metadata
+// above, the tensors under llama.cpp's names with the Q and K rows in its order, float32
+// parameters as F32 and packed ones (--dtype, qkv quantize) as their GGUF type, byte for byte.
+// With a SentencePiece tokenizer, its pieces, scores and types as tokenizer.ggml.* ("llama");
+// `tokenizer_note` (when given) receives why none was written otherwise. A model that does not
+// map is refused, naming the setting.
+void save_gguf_model(const Model& model, const Tokenizer* tok, const std::string& path,
+                     std::string* tokenizer_note = nullptr);
+
 }  // namespace qkv

@@ -74,6 +74,15 @@ class Tokenizer {
   // vocab.json + merges.txt, a SentencePiece tokenizer.model, Marian's three files). Returns
   // the file names written.
   virtual std::vector<std::string> save_hf(const std::string& dir) const = 0;
+  // A SentencePiece BPE model's pieces with their scores and types (1 normal, 2 unknown,
+  // 3 control, 5 unused, 6 byte), whether it adds <s> and a dummy prefix, for a GGUF file's
+  // tokenizer.ggml.* ("llama": BPE by score, identity normalisation). Returns "" when filled, else
+  // why this tokenizer has no such form (another kind, a unigram model, other normalisation).
+  virtual std::string sentencepiece_vocab(std::vector<std::string>* pieces, std::vector<float>* scores,
+                                          std::vector<int32_t>* types, bool* add_bos, bool* add_space_prefix) const {
+    (void)pieces, (void)scores, (void)types, (void)add_bos, (void)add_space_prefix;
+    return "a " + type() + " tokenizer (GGUF's \"llama\" tokenizer is a SentencePiece BPE model)";
+  }
 };
 
 // What a model reads for `text`: its tokens with the tokenizer's special tokens around them

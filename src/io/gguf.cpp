@@ -420,3 +420,91 @@ bool is_gguf_file(const std::string& path) {
 std::string gguf_chat_template(const GgufFile& file) { return file.string_or("tokenizer.chat_template", ""); }
 
 }  // namespace qkv
+
+namespace qkv {
+
+namespace {
+
+void put_u32(std::string& o, uint32_t v) { o.append(reinterpret_cast<const char*>(&v), 4); }
+void put_u64(std::string& o, uint64_t v) { o.append(reinterpret_cast<const char*>(&v), 8); }
+void put_str(std::string& o, const std::string& s) {
+  put_u64(o, s.size());
+  o += s;
+}
+
+// One value of kind k (a scalar from v, or element i of v's array).
+void put_scalar(std::string& o, uint32_t k, double f, uint64_t u, int64_t i, const std::string& s, const char* key) {
+  switch (k) {
+    case GgufValue::U32: put_u32(o, static_cast<uint32_t>(u)); return;
+    case GgufValue::I32: {
+      const auto v = static_cast<int32_t>(i);
+      o.append(reinterpret_cast<const char*>(&v), 4);
+      return;
+    }
+    case GgufValue::F32: {
+      const auto v = static_cast<float>(f);
+      o.append(reinterpret_cast<const char*>(&v), 4);
+      return;
+    }
+    case GgufValue::Bool: o += static_cast<char>(u ? 1 : 0); return;
+    case GgufValue::String: put_str(o, s); return;
+  }
+  fail("write_gguf: metadata \"", key, "\": value kind ", k, " is not written (U32, I32, F32, Bool, String or arrays)");
+}
+
+}  // namespace
+
+void write_gguf(const std::string& path, const std::vector<std::pair<std::string, GgufValue>>& metadata,
+                const std::vector<GgufTensorBytes>& tensors) {
+  constexpr uint64_t kAlign = 32;
+  std::string head = "GGUF";
+  put_u32(head, 3);
+  put_u64(head, tensors.size());
+  put_u64(head, metadata.size());
+  std::set<std::string> keys;
+  for (const auto& [key, v] : metadata) {
+    check(keys.insert(key).second, path, ": metadata \"", key, "\" given twice");
+    put_str(head, key);
+    put_u32(head, v.kind);
+    if (v.kind != GgufValue::Array) {
+      put_scalar(head, v.kind, v.f, v.u, v.i, v.s, key.c_str());
+      continue;
+    }
+    put_u32(head, v.elem);
+    const size_t n = v.elem == GgufValue::String ? v.strings.size() : v.numbers.size();
+    put_u64(head, n);
+    for (size_t e = 0; e < n; ++e)
+      if (v.elem == GgufValue::String)
+        put_str(head, v.strings[e]);
+      else
+        put_scalar(head, v.elem, v.numbers[e], static_cast<uint64_t>(v.numbers[e]), static_cast<int64_t>(v.numbers[e]),
+                   "", key.c_str());
+  }
+  uint64_t offset = 0;
+  std::set<std::string> names;
+  for (const GgufTensorBytes& t : tensors) {
+    check(names.insert(t.name).second, path, ": tensor \"", t.name, "\" given twice");
+    check(!t.ne.empty() && t.ne.size() <= 4, path, ": tensor \"", t.name, "\" has ", t.ne.size(), " dimensions");
+    int64_t rows = 1;
+    for (size_t d = 1; d < t.ne.size(); ++d) rows *= t.ne[d];
+    check(ggml_row_bytes(t.type, t.ne[0]) * static_cast<uint64_t>(rows) == t.bytes.size(), path, ": tensor \"",
+          t.name, "\": ", t.bytes.size(), " bytes do not hold ", shape_str(t.ne), " of ",
+          ggml_type_name(static_cast<uint32_t>(t.type)));
+    put_str(head, t.name);
+    put_u32(head, static_cast<uint32_t>(t.ne.size()));
+    for (int64_t n : t.ne) put_u64(head, static_cast<uint64_t>(n));
+    put_u32(head, static_cast<uint32_t>(t.type));
+    put_u64(head, offset);
+    offset += (t.bytes.size() + kAlign - 1) / kAlign * kAlign;
+  }
+  head.append((kAlign - head.size() % kAlign) % kAlign, '\0');
+  static const std::string zeros(kAlign, '\0');
+  std::vector<std::string_view> pieces{head};
+  for (const GgufTensorBytes& t : tensors) {
+    pieces.emplace_back(t.bytes);
+    pieces.emplace_back(zeros.data(), (kAlign - t.bytes.size() % kAlign) % kAlign);
+  }
+  write_file_atomic(path, pieces);
+}
+
+}  // namespace qkv

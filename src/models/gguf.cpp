@@ -10,6 +10,7 @@
 #include "kernels/quant.h"
 #include "qkv/error.h"
 #include "qkv/gguf.h"
+#include "qkv/hf.h"
 #include "qkv/model.h"
 #include "qkv/quant.h"
 
@@ -230,6 +231,147 @@ Model load_gguf_model(const std::string& path, const LoadOptions& opt, GgufLoadR
       if (!used.count(t.name)) report->unused.push_back(t.name);
   }
   return m;
+}
+
+}  // namespace qkv
+
+namespace qkv {
+
+namespace {
+
+GgufValue u32(uint64_t v) {
+  GgufValue x;
+  x.kind = GgufValue::U32;
+  x.u = v;
+  return x;
+}
+GgufValue f32(double v) {
+  GgufValue x;
+  x.kind = GgufValue::F32;
+  x.f = v;
+  return x;
+}
+GgufValue str(const std::string& s) {
+  GgufValue x;
+  x.kind = GgufValue::String;
+  x.s = s;
+  return x;
+}
+GgufValue boolean(bool b) {
+  GgufValue x;
+  x.kind = GgufValue::Bool;
+  x.u = b;
+  return x;
+}
+
+GgmlType ggml_of(WType t) {
+  switch (t) {
+    case WType::BF16: return GgmlType::BF16;
+    case WType::F16: return GgmlType::F16;
+    case WType::Q8_0: return GgmlType::Q8_0;
+    case WType::Q4_0: return GgmlType::Q4_0;
+    case WType::F32: break;
+  }
+  return GgmlType::F32;
+}
+
+}  // namespace
+
+void save_gguf_model(const Model& model, const Tokenizer* tok, const std::string& path, std::string* tokenizer_note) {
+  const ModelConfig& c = model.config();
+  std::string type;
+  try {
+    type = hf_model_type_for(c);
+  } catch (const Error& e) {
+    throw Error(detail::concat("export --format gguf: ", e.what()));
+  }
+  check(type == "llama", "export --format gguf: the model maps onto Hugging Face's ", type,
+        "; GGUF is written for Llama-shaped models (positional = rope, norm = rmsnorm, gated)");
+  check(!c.bias, "export --format gguf: bias = true: llama.cpp's Llama has no biases");
+  check(c.activation == Activation::SiLU, "export --format gguf: activation = ", activation_name(c.activation),
+        ": llama.cpp's Llama is SwiGLU (silu)");
+  const int64_t H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k();
+  std::vector<std::pair<std::string, GgufValue>> kv = {
+      {"general.architecture", str("llama")},
+      {"general.name", str("qkv export")},
+      {"llama.context_length", u32(static_cast<uint64_t>(c.max_len))},
+      {"llama.embedding_length", u32(static_cast<uint64_t>(c.d_model))},
+      {"llama.block_count", u32(static_cast<uint64_t>(c.n_layers))},
+      {"llama.feed_forward_length", u32(static_cast<uint64_t>(c.d_ff))},
+      {"llama.rope.dimension_count", u32(static_cast<uint64_t>(Dk))},
+      {"llama.attention.head_count", u32(static_cast<uint64_t>(H))},
+      {"llama.attention.head_count_kv", u32(static_cast<uint64_t>(G))},
+      {"llama.attention.layer_norm_rms_epsilon", f32(c.norm_eps)},
+      {"llama.rope.freq_base", f32(c.rope_theta)},
+  };
+  if (Dk * H != c.d_model) {
+    kv.emplace_back("llama.attention.key_length", u32(static_cast<uint64_t>(Dk)));
+    kv.emplace_back("llama.attention.value_length", u32(static_cast<uint64_t>(c.head_dim_v())));
+  }
+  // the tokenizer, where it has GGUF's form
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  bool add_bos = false, space = true;
+  const std::string why = tok ? tok->sentencepiece_vocab(&pieces, &scores, &types, &add_bos, &space) : "no tokenizer";
+  if (why.empty()) {
+    check(static_cast<int64_t>(pieces.size()) <= c.vocab_size, "export --format gguf: the tokenizer has ", pieces.size(),
+          " tokens, more than the model's vocab_size ", c.vocab_size);
+    // llama.cpp needs one token per embedding row: rows past the tokenizer's are unused pieces
+    for (int64_t i = static_cast<int64_t>(pieces.size()); i < c.vocab_size; ++i) {
+      pieces.push_back(detail::concat("<qkv_unused_", i, ">"));
+      scores.push_back(-1e9f);
+      types.push_back(5);
+    }
+    GgufValue t, s, ty;
+    t.kind = s.kind = ty.kind = GgufValue::Array;
+    t.elem = GgufValue::String, s.elem = GgufValue::F32, ty.elem = GgufValue::I32;
+    t.strings = pieces;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      s.numbers.push_back(scores[i]);
+      ty.numbers.push_back(types[i]);
+    }
+    kv.emplace_back("tokenizer.ggml.model", str("llama"));
+    kv.emplace_back("tokenizer.ggml.tokens", t);
+    kv.emplace_back("tokenizer.ggml.scores", s);
+    kv.emplace_back("tokenizer.ggml.token_type", ty);
+    for (const auto& [key, id] : {std::pair<const char*, int32_t>{"bos", tok->bos_id()}, {"eos", tok->eos_id()},
+                                  {"padding", tok->pad_id()}})
+      if (id >= 0) kv.emplace_back(detail::concat("tokenizer.ggml.", key, "_token_id"), u32(static_cast<uint64_t>(id)));
+    for (size_t i = 0; i < types.size(); ++i)
+      if (types[i] == 2) kv.emplace_back("tokenizer.ggml.unknown_token_id", u32(i));
+    kv.emplace_back("tokenizer.ggml.add_bos_token", boolean(add_bos));
+    kv.emplace_back("tokenizer.ggml.add_space_prefix", boolean(space));
+  } else if (tokenizer_note) {
+    *tokenizer_note = why;
+  }
+
+  // the tensors: the reader's rules, backwards
+  std::vector<GgufTensorBytes> out;
+  for (const Rule& r : llama_rules(c)) {
+    const Parameter* p = model.find(r.param);
+    check(p != nullptr, "internal: gguf rule for unknown parameter ", r.param);
+    const PackedWeight* w = p->var->packed.get();
+    const int64_t cols = r.parts[0].cols;
+    const GgmlType gt = w ? ggml_of(w->type) : GgmlType::F32;
+    const uint64_t rb = w ? w->row_bytes : static_cast<uint64_t>(cols) * 4;
+    const Tensor keep = w ? Tensor() : p->var->value.contiguous();
+    const char* src = static_cast<const char*>(w ? w->bytes->data() : keep.raw_data());
+    int64_t base = 0;
+    for (const Part& part : r.parts) {
+      GgufTensorBytes t;
+      t.name = part.name;
+      t.ne = part.rows == 1 ? std::vector<int64_t>{part.cols} : std::vector<int64_t>{part.cols, part.rows};
+      t.type = gt;
+      t.bytes.resize(rb * static_cast<uint64_t>(part.rows));
+      for (int64_t x = 0; x < part.rows; ++x)  // parameter row base + x -> file row file_row(x)
+        std::memcpy(t.bytes.data() + static_cast<uint64_t>(file_row(x, part.heads, part.rows)) * rb,
+                    src + static_cast<uint64_t>(base + x) * rb, rb);
+      base += part.rows;
+      out.push_back(std::move(t));
+    }
+  }
+  write_gguf(path, kv, out);
 }
 
 }  // namespace qkv

@@ -54,6 +54,23 @@ class SentencePieceTokenizer final : public Tokenizer {
   SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp, bool add_bos, bool add_eos)
       : sp_(std::move(sp)), add_bos_(add_bos), add_eos_(add_eos) {}
 
+  std::string sentencepiece_vocab(std::vector<std::string>* pieces, std::vector<float>* scores,
+                                  std::vector<int32_t>* types, bool* add_bos, bool* add_space_prefix) const override {
+    const SpmSpec spec = read_spec(sp_->serialized_model_proto(), "tokenizer.model");
+    if (spec.model_type != 2) return "a SentencePiece unigram model (GGUF's \"llama\" tokenizer merges by score, as BPE)";
+    if (!spec.charsmap.empty() || spec.remove_extra_whitespaces || !spec.escape_whitespaces)
+      return "a SentencePiece model that normalises its text (GGUF's \"llama\" tokenizer does not)";
+    *add_space_prefix = spec.add_dummy_prefix;
+    const int n = sp_->GetPieceSize();
+    for (int i = 0; i < n; ++i) {
+      pieces->push_back(sp_->IdToPiece(i));
+      scores->push_back(sp_->GetScore(i));
+      types->push_back(sp_->IsUnknown(i) ? 2 : sp_->IsControl(i) ? 3 : sp_->IsUnused(i) ? 5 : sp_->IsByte(i) ? 6 : 1);
+    }
+    *add_bos = add_bos_;
+    return "";
+  }
+
   // bos before and eos after, where the model asks for them (a GGUF file's add_bos_token)
   std::vector<int32_t> with_special_tokens(const std::vector<int32_t>& ids) const override {
     std::vector<int32_t> out;
