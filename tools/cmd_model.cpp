@@ -238,6 +238,16 @@ int run_forward(const ForwardCmd& o) {
 
 // ---- export ------------------------------------------------------------------------------------
 
+// The model's tokenizer, or nullptr with why in *why (a model without one still exports).
+std::unique_ptr<Tokenizer> tokenizer_if_any(const std::string& model, std::string* why) {
+  try {
+    return load_tokenizer(model);
+  } catch (const Error& e) {
+    *why = e.what();
+    return nullptr;
+  }
+}
+
 struct ExportCmd {
   std::string model, format = "hf", out;
 };
@@ -250,13 +260,8 @@ int run_export(const ExportCmd& o) {
     const fs::path parent = fs::absolute(o.out).parent_path();
     check(fs::is_directory(parent), "--out ", o.out, ": the directory ", parent.string(), " does not exist");
     const Model m = load_model(o.model);
-    std::unique_ptr<Tokenizer> tok;
     std::string note;
-    try {
-      tok = load_tokenizer(o.model);
-    } catch (const Error& e) {
-      note = e.what();
-    }
+    const std::unique_ptr<Tokenizer> tok = tokenizer_if_any(o.model, &note);
     std::string why;
     save_gguf_model(m, tok.get(), o.out, &why);
     if (tok) note = why;
@@ -274,13 +279,8 @@ int run_export(const ExportCmd& o) {
     throw Error(detail::concat(o.model, ": ", e.what()));
   }
   // the tokenizer, when the directory has one, read before anything is written
-  std::unique_ptr<Tokenizer> tok;
   std::string no_tokenizer;
-  try {
-    tok = load_tokenizer(o.model);
-  } catch (const Error& e) {
-    no_tokenizer = e.what();
-  }
+  const std::unique_ptr<Tokenizer> tok = tokenizer_if_any(o.model, &no_tokenizer);
   if (tok)
     check(tok->vocab_size() <= m.config().vocab_size, o.model, ": the tokenizer's vocabulary (", tok->vocab_size(),
           ") is larger than the model's (", m.config().vocab_size, ")");
@@ -330,13 +330,8 @@ int run_quantize(const QuantizeCmd& o) {
         ": exists and is not a directory");
   // everything read before anything is written
   Model m = load_model(o.model, o.dtype);
-  std::unique_ptr<Tokenizer> tok;
   std::string no_tokenizer;
-  try {
-    tok = load_tokenizer(o.model);
-  } catch (const Error& e) {
-    no_tokenizer = e.what();
-  }
+  const std::unique_ptr<Tokenizer> tok = tokenizer_if_any(o.model, &no_tokenizer);
   std::optional<TaskInfo> info;
   if (fs::exists(o.model + "/task.json", ec) || is_hf_model_dir(o.model)) info = model_task_info(o.model);
   double f32_bytes = 0, bytes = 0;

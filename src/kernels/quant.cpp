@@ -275,41 +275,35 @@ void check_k(int64_t K, const char* what) {
 
 }  // namespace
 
-void dequantize_q4_k(const void* row, int64_t K, float* out) {
-  check_k(K, "Q4_K");
-  const auto* b = static_cast<const BlockQ4_K*>(row);
+namespace {
+
+// Q4_K and Q5_K: each 64 weights, sub-block 2s from the low nibbles of 32 bytes and 2s + 1 from
+// their high ones; Q5_K's fifth bits come from qh (bit 2s, then 2s + 1, of byte l).
+template <class Block, bool kFifthBit>
+void dequantize_k4(const void* row, int64_t K, float* out, const char* what) {
+  check_k(K, what);
+  const auto* b = static_cast<const Block*>(row);
   for (int64_t i = 0; i < K / kKBlock; ++i) {
     const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
     const uint8_t* q = b[i].qs;
-    // each 64 weights: sub-block 2s from the low nibbles of 32 bytes, 2s + 1 from their high ones
     for (int s = 0; s < 4; ++s, q += 32) {
       float sc0, m0, sc1, m1;
       scale_min_k4(2 * s, b[i].scales, &sc0, &m0);
       scale_min_k4(2 * s + 1, b[i].scales, &sc1, &m1);
-      for (int l = 0; l < 32; ++l) *out++ = d * sc0 * static_cast<float>(q[l] & 0xF) - dmin * m0;
-      for (int l = 0; l < 32; ++l) *out++ = d * sc1 * static_cast<float>(q[l] >> 4) - dmin * m1;
+      const auto high = [&](int l, int bit) -> int {
+        if constexpr (kFifthBit) return (b[i].qh[l] >> bit & 1) * 16;
+        return 0;
+      };
+      for (int l = 0; l < 32; ++l) *out++ = d * sc0 * static_cast<float>((q[l] & 0xF) + high(l, 2 * s)) - dmin * m0;
+      for (int l = 0; l < 32; ++l) *out++ = d * sc1 * static_cast<float>((q[l] >> 4) + high(l, 2 * s + 1)) - dmin * m1;
     }
   }
 }
 
-void dequantize_q5_k(const void* row, int64_t K, float* out) {
-  check_k(K, "Q5_K");
-  const auto* b = static_cast<const BlockQ5_K*>(row);
-  for (int64_t i = 0; i < K / kKBlock; ++i) {
-    const float d = f16_to_f32(b[i].d), dmin = f16_to_f32(b[i].dmin);
-    const uint8_t* q = b[i].qs;
-    for (int s = 0; s < 4; ++s, q += 32) {
-      float sc0, m0, sc1, m1;
-      scale_min_k4(2 * s, b[i].scales, &sc0, &m0);
-      scale_min_k4(2 * s + 1, b[i].scales, &sc1, &m1);
-      const int lo = 1 << (2 * s), hi = 1 << (2 * s + 1);  // the fifth bits of this 64
-      for (int l = 0; l < 32; ++l)
-        *out++ = d * sc0 * static_cast<float>((q[l] & 0xF) + (b[i].qh[l] & lo ? 16 : 0)) - dmin * m0;
-      for (int l = 0; l < 32; ++l)
-        *out++ = d * sc1 * static_cast<float>((q[l] >> 4) + (b[i].qh[l] & hi ? 16 : 0)) - dmin * m1;
-    }
-  }
-}
+}  // namespace
+
+void dequantize_q4_k(const void* row, int64_t K, float* out) { dequantize_k4<BlockQ4_K, false>(row, K, out, "Q4_K"); }
+void dequantize_q5_k(const void* row, int64_t K, float* out) { dequantize_k4<BlockQ5_K, true>(row, K, out, "Q5_K"); }
 
 void dequantize_q6_k(const void* row, int64_t K, float* out) {
   check_k(K, "Q6_K");

@@ -239,30 +239,18 @@ namespace qkv {
 
 namespace {
 
-GgufValue u32(uint64_t v) {
+GgufValue value(GgufValue::Kind kind, uint64_t u, double f = 0, const std::string& s = "") {
   GgufValue x;
-  x.kind = GgufValue::U32;
-  x.u = v;
-  return x;
-}
-GgufValue f32(double v) {
-  GgufValue x;
-  x.kind = GgufValue::F32;
-  x.f = v;
-  return x;
-}
-GgufValue str(const std::string& s) {
-  GgufValue x;
-  x.kind = GgufValue::String;
+  x.kind = kind;
+  x.u = u;
+  x.f = f;
   x.s = s;
   return x;
 }
-GgufValue boolean(bool b) {
-  GgufValue x;
-  x.kind = GgufValue::Bool;
-  x.u = b;
-  return x;
-}
+GgufValue u32(uint64_t v) { return value(GgufValue::U32, v); }
+GgufValue f32(double v) { return value(GgufValue::F32, 0, v); }
+GgufValue str(const std::string& s) { return value(GgufValue::String, 0, 0, s); }
+GgufValue boolean(bool b) { return value(GgufValue::Bool, b ? 1 : 0); }
 
 GgmlType ggml_of(WType t) {
   switch (t) {
