@@ -70,10 +70,8 @@ void check_row_finite(WType t, const void* row, int64_t K) {
                        : t == WType::BF16 ? " (infinite or NaN)" : " (its block's float16 scale is infinite or NaN)");
 }
 
-}  // namespace
-
-std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t cols, const std::string& name,
-                                              const std::function<void(int64_t, int64_t, float*)>& read) {
+// A packed matrix's description (no bytes yet): the type, shape and row size, checked.
+std::shared_ptr<PackedWeight> describe_packed(WType t, int64_t rows, int64_t cols, const std::string& name) {
   check(t != WType::F32, name, ": f32 is not packed (float32 products go through qkv::sgemm)");
   check(rows >= 0 && cols >= 0, name, ": negative shape (", rows, ", ", cols, ")");
   auto p = std::make_shared<PackedWeight>();
@@ -83,6 +81,14 @@ std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t col
   } catch (const Error& e) {
     fail(name, " (", rows, ", ", cols, "): ", e.what());
   }
+  return p;
+}
+
+}  // namespace
+
+std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t cols, const std::string& name,
+                                              const std::function<void(int64_t, int64_t, float*)>& read) {
+  const std::shared_ptr<PackedWeight> p = describe_packed(t, rows, cols, name);
   p->bytes = std::make_shared<Storage>(p->row_bytes * static_cast<size_t>(rows), false);
   // chunks of about 4 MiB of float32 rows
   const int64_t chunk = std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(cols, 1));
@@ -115,15 +121,7 @@ std::shared_ptr<const PackedWeight> pack_weight(const Tensor& w, WType t, const 
 
 std::shared_ptr<const PackedWeight> packed_from_bytes(WType t, int64_t rows, int64_t cols,
                                                       std::shared_ptr<Storage> bytes, const std::string& name) {
-  check(t != WType::F32, name, ": f32 is not a packed type");
-  check(rows >= 0 && cols >= 0, name, ": negative shape (", rows, ", ", cols, ")");
-  auto p = std::make_shared<PackedWeight>();
-  p->type = t, p->rows = rows, p->cols = cols;
-  try {
-    p->row_bytes = kernels::row_bytes(t, cols);
-  } catch (const Error& e) {
-    fail(name, " (", rows, ", ", cols, "): ", e.what());
-  }
+  const std::shared_ptr<PackedWeight> p = describe_packed(t, rows, cols, name);
   const size_t need = p->row_bytes * static_cast<size_t>(rows);
   check(bytes && bytes->bytes() == need, name, ": ", wtype_name(t), " (", rows, ", ", cols, ") takes ", need,
         " bytes, given ", bytes ? bytes->bytes() : 0);
