@@ -15,6 +15,8 @@ interleaved-pair order of its RoPE, which qkv must put back. Checks:
     K-quants to Q8_0);
   - the SentencePiece tokenizer from tokenizer.ggml.* encodes as a reference BPE-by-score
     encoder, with <s> first as tokenizer.ggml.add_bos_token asks; generate runs on the file;
+    byte-level BPE ("gpt2") tokenizers with the gpt2, smollm and llama-bpe pre-tokenizers encode as
+    the tokenizer.json Hugging Face has for such a model (written here from its format);
   - qkv quantize writes a directory from the file that gives the same logits, and qkv export
     --format gguf writes that directory back as GGUF with every tensor's bytes and the metadata of
     the original file; a float32 Llama folder exports as F32 with the same logits; a GPT-2-shaped
@@ -462,6 +464,78 @@ def main():
     p = run([qkv, "tokenize", "--model", qdir, "--ids", "--special", "--text", "the cat sat"])
     ok([int(x) for x in p.stdout.split()] == rq.encode("the cat sat", ref_pieces, scores),
        "the quantized directory keeps the tokenizer and its <s>")
+
+    # ---- byte-level BPE ("gpt2") tokenizers: as the tokenizer.json Hugging Face has for them ----
+    def bytes_to_unicode():
+        bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+        cs, k = bs[:], 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + k)
+                k += 1
+        return [chr(c) for _, c in sorted(zip(bs, cs))]
+    alphabet = bytes_to_unicode()
+    merges = ["\u0120 t", "h e", "\u0120t he", "\u0120 c", "a t", "\u0120c at", "1 2", "\u0120 s", "\u0120s at", "o n"]
+    vocab = alphabet + [m.replace(" ", "") for m in merges] + ["<|endoftext|>", "<|begin|>"]
+    btypes = [1] * (len(vocab) - 2) + [3, 3]
+    cfg, t = random_llama(rng, vocab=len(vocab))
+    texts = ["the cat sat on 12 mats", "The  cat\n\nsat!", "caf\u00e9 123 \U0001F600 it's", "<|endoftext|>the"]
+    for pre, add_bos in (("gpt2", False), ("smollm", False), ("llama-bpe", True)):
+        kv = llama_kv(cfg)
+        kv += [("tokenizer.ggml.model", STRING, "gpt2"), ("tokenizer.ggml.pre", STRING, pre),
+               ("tokenizer.ggml.tokens", ARRAY, vocab, STRING), ("tokenizer.ggml.merges", ARRAY, merges, STRING),
+               ("tokenizer.ggml.token_type", ARRAY, btypes, I32),
+               ("tokenizer.ggml.bos_token_id", U32, len(vocab) - 1), ("tokenizer.ggml.eos_token_id", U32, len(vocab) - 2),
+               ("tokenizer.ggml.add_bos_token", BOOL, int(add_bos))]
+        gpath = os.path.join(work, "bpe-%s.gguf" % pre)
+        write(gpath, gguf(kv, llama_tensors(cfg, t, F32)))
+        # the tokenizer.json of such a model, written here from Hugging Face's format
+        bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": pre != "llama-bpe"}
+        llama3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+        pre_tok = (bl if pre == "gpt2" else
+                   {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, bl]} if pre == "smollm"
+                   else {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": llama3},
+                                                                "behavior": "Isolated", "invert": False}, bl]})
+        post = None
+        if add_bos:
+            b = vocab[-1]
+            post = {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": b, "type_id": 0}},
+                                                             {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {b: {"id": b, "ids": [len(vocab) - 1], "tokens": [b]}}}
+        tj = {"version": "1.0", "truncation": None, "padding": None,
+              "added_tokens": [{"id": i, "content": vocab[i], "single_word": False, "lstrip": False, "rstrip": False,
+                                "normalized": False, "special": True} for i in (len(vocab) - 2, len(vocab) - 1)],
+              "normalizer": None, "pre_tokenizer": pre_tok, "post_processor": post,
+              "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+              "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                        "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
+                        "vocab": {v: i for i, v in enumerate(vocab)}, "merges": merges}}
+        tdir = os.path.join(work, "bpe-%s-hf" % pre)
+        os.makedirs(tdir, exist_ok=True)
+        with open(os.path.join(tdir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(tj, f, ensure_ascii=False)
+        with open(os.path.join(tdir, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": vocab[-1], "eos_token": vocab[-2]}, f)
+        for text in texts:
+            a_ = run([qkv, "tokenize", "--model", gpath, "--ids", "--special", "--text", text]).stdout.split()
+            b_ = run([qkv, "tokenize", "--model", tdir, "--ids", "--special", "--text", text]).stdout.split()
+            ok(a_ == b_ and len(a_) > 0, "tokenizer.ggml.pre %s: %r as its tokenizer.json encodes it: %s" % (pre, text, a_))
+        if pre == "smollm":
+            ids_ = [int(x) for x in run([qkv, "tokenize", "--model", gpath, "--ids", "--text", "12"]).stdout.split()]
+            ok(ids_ == [vocab.index("1"), vocab.index("2")], "smollm splits digits one by one: %s" % ids_)
+        if pre == "gpt2":
+            ids_ = [int(x) for x in run([qkv, "tokenize", "--model", gpath, "--ids", "--text", " the cat"]).stdout.split()]
+            ok(ids_ == [vocab.index("\u0120the"), vocab.index("\u0120cat")], "gpt2 merges ' the cat' to two tokens: %s" % ids_)
+    bad = os.path.join(work, "bpe-bad.gguf")
+    write(bad, gguf(llama_kv(cfg) + [("tokenizer.ggml.model", STRING, "gpt2"), ("tokenizer.ggml.pre", STRING, "qwen9"),
+                                     ("tokenizer.ggml.tokens", ARRAY, vocab, STRING),
+                                     ("tokenizer.ggml.merges", ARRAY, merges, STRING)], llama_tensors(cfg, t, F32)))
+    p = run([qkv, "tokenize", "--model", bad, "--text", "x"], want_rc=None)
+    ok(p.returncode == 2 and "tokenizer.ggml.pre \"qwen9\" is not read" in p.stderr, "an unknown pre-tokenizer is refused: %s" %
+       p.stderr.strip()[:120])
 
     # ---- export --format gguf: the packed directory back to GGUF, byte for byte ----
     back = os.path.join(work, "exported.gguf")

@@ -114,8 +114,9 @@ Model load_gguf_model(const std::string& path, const LoadOptions& opt = {}, Gguf
 // scores and token types, byte fallback when every byte has its token, the dummy prefix unless
 // tokenizer.ggml.add_space_prefix is false; bos, eos, unknown and padding ids from
 // tokenizer.ggml.*_token_id; <s> before a model's input unless tokenizer.ggml.add_bos_token is
-// false), run by the SentencePiece library. Other models ("gpt2": byte-level BPE) are refused by
-// name for now.
+// false), run by the SentencePiece library; "gpt2" (byte-level BPE, tokenizer.ggml.merges, the
+// pre-tokenizer tokenizer.ggml.pre names: default, gpt2, smollm or llama-bpe), run as the
+// equivalent tokenizer.json. Other models and pre-tokenizers are refused by name.
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& file);
 
 // tokenizer.chat_template, or "" when the file has none.

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "qkv/error.h"
 #include "qkv/gguf.h"
 #include "qkv/tokenizer.h"
@@ -126,14 +128,100 @@ std::unique_ptr<Tokenizer> spm_tokenizer(const GgufFile& f) {
                              f.boolean_or("tokenizer.ggml.add_eos_token", false));
 }
 
+// Llama 3's pre-tokenizer split (its tokenizer.json's Split pattern).
+constexpr char kLlama3Split[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
+
+// "gpt2": byte-level BPE (tokens as GPT-2's byte alphabet spells them, tokenizer.ggml.merges "a b"),
+// written as the tokenizer.json Hugging Face has for the same model and run by qkv's reader of it.
+std::unique_ptr<Tokenizer> bpe_tokenizer(const GgufFile& f) {
+  using Json = nlohmann::json;
+  const std::string& file = f.path();
+  const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
+  check(tokens && tokens->kind == GgufValue::Array && tokens->elem == GgufValue::String, file,
+        ": metadata \"tokenizer.ggml.tokens\" (an array of strings) is missing");
+  const GgufValue* merges = f.find("tokenizer.ggml.merges");
+  check(merges && merges->kind == GgufValue::Array && merges->elem == GgufValue::String, file,
+        ": metadata \"tokenizer.ggml.merges\" (an array of strings \"a b\") is missing");
+  const size_t n = tokens->strings.size();
+  const GgufValue* types = f.find("tokenizer.ggml.token_type");
+  check(!types || (types->kind == GgufValue::Array && types->elem != GgufValue::String && types->numbers.size() == n),
+        file, ": \"tokenizer.ggml.token_type\" must be ", n, " integers, one per token");
+  const std::string pre = f.string_or("tokenizer.ggml.pre", "default");
+  const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  Json pre_tokenizer;
+  if (pre == "default" || pre == "gpt2") {
+    pre_tokenizer = byte_level;
+  } else if (pre == "smollm") {
+    pre_tokenizer = {{"type", "Sequence"},
+                     {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+  } else if (pre == "llama-bpe") {
+    Json bl = byte_level;
+    bl["use_regex"] = false;
+    pre_tokenizer = {{"type", "Sequence"},
+                     {"pretokenizers",
+                      {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Split}}}, {"behavior", "Isolated"}, {"invert", false}},
+                       bl}}};
+  } else {
+    fail(file, ": tokenizer.ggml.pre \"", pre, "\" is not read (qkv reads default, gpt2, smollm and llama-bpe)");
+  }
+  Json vocab = Json::object(), added = Json::array();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& t = tokens->strings[i];
+    check(invalid_utf8_offset(t) < 0 && !t.empty(), file, ": token ", i, " of \"tokenizer.ggml.tokens\" is empty or not UTF-8");
+    check(!vocab.contains(t), file, ": token ", i, " \"", t, "\" of \"tokenizer.ggml.tokens\" appears twice");
+    vocab[t] = i;
+    const int type = types ? static_cast<int>(types->numbers[i]) : 1;
+    if (type == 3 || type == 4)
+      added.push_back({{"id", i}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+                       {"normalized", false}, {"special", type == 3}});
+  }
+  const int64_t N = static_cast<int64_t>(n);
+  const int64_t bos = f.integer_or("tokenizer.ggml.bos_token_id", -1, -1, N - 1),
+                eos = f.integer_or("tokenizer.ggml.eos_token_id", -1, -1, N - 1),
+                pad = f.integer_or("tokenizer.ggml.padding_token_id", -1, -1, N - 1);
+  Json post = nullptr;
+  if (bos >= 0 && f.boolean_or("tokenizer.ggml.add_bos_token", pre == "llama-bpe")) {
+    const std::string b = tokens->strings[static_cast<size_t>(bos)];
+    post = {{"type", "TemplateProcessing"},
+            {"single", {{{"SpecialToken", {{"id", b}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"pair",
+             {{{"SpecialToken", {{"id", b}, {"type_id", 0}}}},
+              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+              {{"SpecialToken", {{"id", b}, {"type_id", 1}}}},
+              {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+            {"special_tokens", {{b, {{"id", b}, {"ids", {bos}}, {"tokens", {b}}}}}}};
+  }
+  const Json tj = {{"version", "1.0"},
+                   {"truncation", nullptr},
+                   {"padding", nullptr},
+                   {"added_tokens", added},
+                   {"normalizer", nullptr},
+                   {"pre_tokenizer", pre_tokenizer},
+                   {"post_processor", post},
+                   {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+                   {"model",
+                    {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+                     {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+                     {"vocab", vocab}, {"merges", merges->strings}}}};
+  Json config = Json::object();
+  if (bos >= 0) config["bos_token"] = tokens->strings[static_cast<size_t>(bos)];
+  if (eos >= 0) config["eos_token"] = tokens->strings[static_cast<size_t>(eos)];
+  if (pad >= 0) config["pad_token"] = tokens->strings[static_cast<size_t>(pad)];
+  return parse_hf_tokenizer(tj.dump(), file + " (its tokenizer.ggml.* byte-level BPE)", config.dump(),
+                            file + " (its tokenizer.ggml.*_token_id)");
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_gguf_tokenizer(const GgufFile& f) {
   const std::string kind = f.string_or("tokenizer.ggml.model", "");
   check(!kind.empty(), f.path(), ": no tokenizer (metadata \"tokenizer.ggml.model\" is missing)");
   if (kind == "llama") return spm_tokenizer(f);
-  fail(f.path(), ": tokenizer.ggml.model \"", kind, "\" is not read yet (qkv reads \"llama\", SentencePiece; ",
-       "use the model's Hugging Face folder for its tokenizer)");
+  if (kind == "gpt2") return bpe_tokenizer(f);
+  fail(f.path(), ": tokenizer.ggml.model \"", kind, "\" is not read (qkv reads \"llama\", SentencePiece, and \"gpt2\", ",
+       "byte-level BPE)");
 }
 
 }  // namespace qkv
