@@ -457,10 +457,22 @@ def main():
     p = run([qkv, "--threads", "2", "generate", "--model", path, "--prompt", "the cat", "--max-len", "5"])
     ok(p.stdout.startswith("the cat"), "generate --model FILE.gguf: %r" % p.stdout.strip()[:60])
     qdir = os.path.join(work, "quantized")
-    run([qkv, "quantize", "--model", path, "--dtype", "int8", "--out", qdir])
+    run([qkv, "quantize", "--model", path, "--out", qdir])  # the file's types, as they are
     a1 = logits(qkv, path, ids_path, os.path.join(work, "g.npy"))
     a2 = logits(qkv, qdir, ids_path, os.path.join(work, "w.npy"))
-    ok(np.array_equal(a1, a2), "qkv quantize of a Q8_0 GGUF file: the directory gives the file's logits")
+    ok(np.array_equal(a1, a2), "qkv quantize of a Q8_0 GGUF file (no --dtype): the directory gives the file's logits")
+    # a file whose feed-forward output stays F32 amid Q8_0 matrices: still named q8_0, loads back
+    mixed = os.path.join(work, "mixed.gguf")
+    kq = {"blk.%d.ffn_down.weight" % i: (F32, t["w2"][i].astype(np.float32).tobytes()) for i in range(cfg["layers"])}
+    write(mixed, gguf(llama_kv(cfg, pieces, scores, types), llama_tensors(cfg, t, Q8_0, kquant=kq)))
+    mdir = os.path.join(work, "mixed-q")
+    p = run([qkv, "quantize", "--model", mixed, "--out", mdir])
+    m1 = logits(qkv, mixed, ids_path, os.path.join(work, "g.npy"))
+    m2 = logits(qkv, mdir, ids_path, os.path.join(work, "w.npy"))
+    ok("q8_0 weights" in p.stdout and np.array_equal(m1, m2),
+       "quantize of a mixed Q8_0/F32 file: %s; the directory gives the file's logits" % p.stdout.strip()[:80])
+    p = run([qkv, "quantize", "--model", folder, "--out", os.path.join(work, "nodtype")], want_rc=None)
+    ok(p.returncode == 2 and "give --dtype" in p.stderr, "quantize of a float32 folder without --dtype: refused")
     p = run([qkv, "tokenize", "--model", qdir, "--ids", "--special", "--text", "the cat sat"])
     ok([int(x) for x in p.stdout.split()] == rq.encode("the cat sat", ref_pieces, scores),
        "the quantized directory keeps the tokenizer and its <s>")

@@ -320,7 +320,7 @@ std::string mib(double bytes) {
 
 int run_quantize(const QuantizeCmd& o) {
   const std::optional<WType> t = dtype_of(o.dtype);
-  check(t && *t != WType::F32, "--dtype ", o.dtype, ": quantize packs to bf16, f16, int8 (q8_0) or q4 (q4_0)");
+  check(!t || *t != WType::F32, "--dtype ", o.dtype, ": quantize packs to bf16, f16, int8 (q8_0) or q4 (q4_0)");
   check(fs::is_directory(o.model) || is_gguf_file(o.model), "--model ", o.model,
         ": neither a model directory nor a GGUF file");
   check(fs::absolute(o.out).lexically_normal() != fs::absolute(o.model).lexically_normal(), "--out ", o.out,
@@ -330,6 +330,10 @@ int run_quantize(const QuantizeCmd& o) {
         ": exists and is not a directory");
   // everything read before anything is written
   Model m = load_model(o.model, o.dtype);
+  // without --dtype: the packing as stored (a GGUF file's types, never re-quantised)
+  check(m.weight_type() != WType::F32 || t, "--model ", o.model,
+        ": its weights are float32; give --dtype bf16, f16, int8 or q4 (without it, quantize keeps a GGUF file's or "
+        "a packed directory's types)");
   std::string no_tokenizer;
   const std::unique_ptr<Tokenizer> tok = tokenizer_if_any(o.model, &no_tokenizer);
   std::optional<TaskInfo> info;
@@ -477,9 +481,10 @@ Runner add_quantize(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "quantize",
       "Write a model directory whose weights are packed to bf16, f16, int8 or q4 (loads without re-quantising)");
-  c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder)")->required();
-  c->add_option("--dtype", o->dtype, "bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0); the output layer and token "
-                                     "embeddings at 8 bits or more (docs/formats.md)")->required();
+  c->add_option("--model", o->model, "Model directory (qkv's own, or a Hugging Face folder) or GGUF file")->required();
+  c->add_option("--dtype", o->dtype,
+                "bf16, f16, int8 (GGUF's Q8_0) or q4 (Q4_0); the output layer and token embeddings at 8 bits or more "
+                "(docs/formats.md). Without it, a GGUF file's types are kept as they are (never re-quantised)");
   c->add_option("--out", o->out,
                 "Directory to write: config.json, model.safetensors, the tokenizer, task.json and the test split")
       ->required();

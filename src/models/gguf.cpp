@@ -199,7 +199,6 @@ Model load_gguf_model(const std::string& path, const LoadOptions& opt, GgufLoadR
           base += p.rows;
         }
         m.adopt_packed(r.param, packed_from_bytes(t, rows, cols, std::move(bytes), r.param));
-        if (r.param == "layers.0.linear2.weight") primary = t;
         continue;
       } else if (matrix && !(types.size() == 1 && first == GgmlType::F32)) {
         // K-quants, or parts of different types: dequantised, packed to Q8_0
@@ -213,7 +212,6 @@ Model load_gguf_model(const std::string& path, const LoadOptions& opt, GgufLoadR
             report->converted.push_back(r.param + " (" + from + " -> " +
                                         wtype_name(m.find(r.param)->var->packed->type) + ")");
           }
-          if (r.param == "layers.0.linear2.weight") primary = m.find(r.param)->var->packed->type;
           continue;
         }
       }
@@ -224,6 +222,12 @@ Model load_gguf_model(const std::string& path, const LoadOptions& opt, GgufLoadR
     }
   }
   release_cached_memory();
+  // the packing's name: the first projection's type (layers.0.linear2 is "the feed-forward")
+  for (const Parameter& p : m.parameters())
+    if (primary == WType::F32 && p.var->packed && p.decay && p.name.rfind("layers.", 0) == 0)
+      primary = p.var->packed->type;
+  if (const Parameter* down = m.find("layers.0.linear2.weight"); down && down->var->packed)
+    primary = down->var->packed->type;
   m.set_weight_type(opt.dtype ? *opt.dtype : primary);
   if (report) {
     report->architecture = arch;

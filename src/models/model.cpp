@@ -592,7 +592,12 @@ void Model::save(const std::string& dir) const {
   }
   if (!packed.empty()) {
     meta[kPackedKey] = packed.dump();
-    meta["qkv_dtype"] = wtype_name(weight_type_);
+    // the packing's name: --dtype's, or (a GGUF file whose named matrix stayed float32) the first
+    // packed matrix's type, never f32
+    WType named = weight_type_;
+    for (const Parameter& p : params_)
+      if (named == WType::F32 && p.var->packed) named = p.var->packed->type;
+    meta["qkv_dtype"] = wtype_name(named);
   }
   write_safetensors(dir + "/model.safetensors", entries, meta);
   write_file_atomic(dir + "/config.json", config_.to_json());
