@@ -82,8 +82,8 @@ TaskInfo model_task_info(const std::string& dir) {
     // llama.cpp's files hold language models
     TaskInfo t;
     t.task = Task::LanguageModel;
-    t.max_len = GgufFile(dir).integer_or(GgufFile(dir).string_or("general.architecture", "llama") + ".context_length",
-                                        2048, 1, int64_t{1} << 24);
+    const GgufFile f(dir);  // the header once (a tokenizer's arrays can be megabytes)
+    t.max_len = f.integer_or(f.string_or("general.architecture", "llama") + ".context_length", 2048, 1, int64_t{1} << 24);
     return t;
   }
   if (fs::exists(dir + "/task.json", ec)) return TaskInfo::load(dir);

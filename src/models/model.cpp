@@ -658,7 +658,7 @@ Model Model::load(const std::string& dir, const LoadOptions& opt) {
           arch_name(cfg.arch), " model has no parameter of that name",
           cfg.tie_embeddings && t.name == "lm_head.weight" ? " (tie_embeddings is on: lm_head is the embedding)" : "");
   for (size_t i = 0; i < m.params_.size(); ++i) {
-    const std::string name = m.params_[i].name;  // a copy: packing replaces nothing in params_, but be plain
+    const std::string name = m.params_[i].name;
     const SafetensorsReader::Info* t = file.find(name);
     check(t != nullptr, w_path, ": parameter \"", name, "\" ",
           shape_str(m.params_[i].var->value.shape()), " is missing");
