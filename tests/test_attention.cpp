@@ -16,6 +16,10 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+float& at4(Tensor& t, int64_t b, int64_t h, int64_t i, int64_t d) {
+  return t.data<float>()[((b * t.size(1) + h) * t.size(2) + i) * t.size(3) + d];
+}
+
 // Gradient epsilon: relative to the largest true gradient of any of q, k, v (the scale of the
 // problem's gradients), so that a gradient which is exactly 0 in truth (e.g. dK with a single
 // key) is judged against the rounding residue of D = rowsum(dO * O). docs/numerics.md.
@@ -238,6 +242,107 @@ TEST(FlashVsOracle, RandomSweep) {
     {
       SCOPED_TRACE("w16avx2 (the avx512 logic)");
       expect_within_bounds(w.out, w.lse, w.dq, w.dk, w.dv, po, pg, o);
+    }
+  }
+}
+
+// One query row per (b, h) (Tq = 1, a key/value-cache step) takes the decoding kernel, which
+// reads K and V in place: every mask kind, GQA, Dk != Dv and tails of every width, strided
+// keys, lengths long enough for its parallel branch, and the same bits for any thread count.
+TEST(FlashDecode, EveryMaskAgainstTheOracle) {
+  std::mt19937 rng(4242);
+  const std::vector<int64_t> Tks = {1, 2, 17, 96, 97, 300, 1100};
+  const std::vector<Dims> dims = {{64, 64}, {21, 80}, {1, 1}, {80, 21}, {128, 64}, {33, 17}};
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{9, 3}, {8, 8}, {4, 1}, {1, 1}};
+  int cases = 0, idx = 0;
+  for (int mask_kind = 0; mask_kind < kMaskKinds; ++mask_kind) {
+    for (int64_t Tk : Tks) {
+      ++idx;
+      const Dims d = dims[idx % dims.size()];
+      const auto [H, Hkv] = heads[idx % heads.size()];
+      const int64_t B = 1 + idx % 3, Tq = 1;
+      AttentionSpec spec;
+      const std::string mname = apply_mask(mask_kind, spec, B, H, Tq, Tk, rng);
+      SCOPED_TRACE("Tk=" + std::to_string(Tk) + " Dk=" + std::to_string(d.Dk) + " Dv=" + std::to_string(d.Dv) +
+                   " H/Hkv=" + std::to_string(H) + "/" + std::to_string(Hkv) + " B=" + std::to_string(B) +
+                   " mask: " + mname);
+      Tensor q = randn({B, H, Tq, d.Dk}, rng), k = randn({B, Hkv, Tk, d.Dk}, rng), v = randn({B, Hkv, Tk, d.Dv}, rng);
+      Tensor dout = randn({B, H, Tq, d.Dv}, rng);
+      const Oracle o = oracle(q, k, v, dout, spec);
+      AttentionSpec plain = spec;
+      plain.impl = AttentionImpl::ReferenceFloat32;
+      const AttentionOutput po = attention(q, k, v, plain);
+      const AttentionGrads pg = attention_backward(q, k, v, po.out, po.lse, dout, plain);
+      Tensor kv = idx % 2 ? strided(k, 2, rng) : k, vv = idx % 3 ? strided(v, 1, rng) : v;
+      for (Isa isa : isas()) {
+        AttentionOutput first;
+        for (int threads : {1, 2, 3}) {
+          SCOPED_TRACE(std::string("isa=") + isa_name(isa) + " threads=" + std::to_string(threads));
+          AttentionSpec fs = spec;
+          fs.isa = isa;
+          fs.threads = threads;
+          const AttentionOutput fo = attention(q, kv, vv, fs);
+          const AttentionGrads fg = attention_backward(q, kv, vv, fo.out, fo.lse, dout, fs);
+          expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
+          check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, d.Dv, d.Dk, mname);
+          if (threads == 1)
+            first = fo;
+          else
+            EXPECT_TRUE(bitwise_equal(fo.out, first.out) && bitwise_equal(fo.lse, first.lse))
+                << threads << " threads differ from 1";
+          ++cases;
+        }
+      }
+      SCOPED_TRACE("w16avx2 (the avx512 logic)");
+      const DirectResult w = flash_w16(q, kv, vv, dout, spec, 2);
+      expect_within_bounds(w.out, w.lse, w.dq, w.dk, w.dv, po, pg, o);
+      check_masked_rows(w.out, w.lse, w.dq, o.lse, d.Dv, d.Dk, mname);
+    }
+  }
+  EXPECT_GE(cases, kMaskKinds * 7 * 3);
+}
+
+// Decoding reads only the keys a row may see and skips weights of exactly 0: whatever a blocked
+// key's K and V rows hold, the output is bitwise that of clean rows; a NaN that takes part shows.
+TEST(FlashDecode, BlockedRowsAreNeverReadAndNaNPropagates) {
+  std::mt19937 rng(77);
+  const int64_t B = 2, H = 4, Hkv = 2, Tk = 400, D = 24;
+  Tensor q = randn({B, H, 1, D}, rng), k = randn({B, Hkv, Tk, D}, rng), v = randn({B, Hkv, Tk, D}, rng);
+  Tensor allow({Tk}, DType::Bool);
+  for (int64_t j = 0; j < Tk; ++j) allow.data<bool>()[j] = j != 210;  // inside every row's range
+  const Tensor lens = Tensor::from<int64_t>({B}, {300, 399});
+  for (Isa isa : isas()) {
+    AttentionSpec spec;
+    spec.isa = isa;
+    spec.bool_mask = allow;
+    spec.key_lengths = lens;
+    spec.window = 250;  // the query sits at position Tk - 1 = 399: keys below 150 are outside the window
+    const AttentionOutput clean = attention(q, k, v, spec);
+    for (float poison : {std::numeric_limits<float>::quiet_NaN(), kInf, -kInf, 3e38f}) {
+      Tensor k2 = k.clone(), v2 = v.clone();
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t g = 0; g < Hkv; ++g)
+          for (int64_t j = 0; j < Tk; ++j) {
+            const int64_t len = lens.data<int64_t>()[b];
+            if (j == 210 || j >= len || j < 150)
+              for (int64_t d = 0; d < D; ++d) at4(k2, b, g, j, d) = at4(v2, b, g, j, d) = poison;
+          }
+      const AttentionOutput r = attention(q, k2, v2, spec);
+      EXPECT_TRUE(bitwise_equal(r.out, clean.out)) << isa_name(isa) << " poison " << poison;
+      EXPECT_TRUE(bitwise_equal(r.lse, clean.lse)) << isa_name(isa) << " poison " << poison;
+    }
+    // An allowed NaN: in V, that column of the rows that see it; in K, their lse and output.
+    Tensor v3 = v.clone(), k3 = k.clone();
+    at4(v3, 1, 0, 200, 5) = std::numeric_limits<float>::quiet_NaN();
+    at4(k3, 0, 1, 160, 0) = std::numeric_limits<float>::quiet_NaN();
+    const AttentionOutput a = attention(q, k, v3, spec), c = attention(q, k3, v, spec);
+    for (int64_t h = 0; h < H; ++h) {
+      const bool sees_v = h / (H / Hkv) == 0, sees_k = h / (H / Hkv) == 1;
+      EXPECT_EQ(std::isnan(a.out.data<float>()[((1 * H + h) * D) + 5]), sees_v) << "head " << h;
+      EXPECT_FALSE(std::isnan(a.out.data<float>()[((1 * H + h) * D) + 4])) << "head " << h;
+      EXPECT_EQ(std::isnan(c.lse.data<float>()[0 * H + h]), sees_k) << "head " << h;
+      EXPECT_EQ(std::isnan(c.out.data<float>()[(0 * H + h) * D]), sees_k) << "head " << h;
+      EXPECT_FALSE(std::isnan(c.lse.data<float>()[1 * H + h])) << "batch row 1, head " << h;
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "kernels/flash_attention.h"
 #include "kernels/simd/vec.h"
@@ -480,13 +481,168 @@ void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const Backwar
   gemm(nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding: one query row per (b, h), as a key/value-cache step has (Tq = 1). Nothing is packed:
+// the scores read K's rows in place (a dot product along Dk each), one softmax over the row,
+// then the weighted sum of V's rows, skipping every key whose weight is exactly 0, as row_plain
+// does, so a blocked key's non-finite V row never reaches the output. The tiled path would
+// transpose all of K and scan all of V for non-finite rows at every step.
+struct DecodeLayout {
+  int64_t Dk_pad, Dv_pad, Tk_pad;
+  size_t stride;  // floats per thread: scaled q, scores, the output accumulator
+  explicit DecodeLayout(const AttnShape& s)
+      : Dk_pad(round_up(std::max<int64_t>(s.Dk, 1), W)),
+        Dv_pad(round_up(std::max<int64_t>(s.Dv, 1), W)),
+        Tk_pad(round_up(std::max<int64_t>(s.Tk, 1), W)),
+        stride(static_cast<size_t>(Dk_pad + Tk_pad + Dv_pad)) {}
+  size_t total(int threads) const { return stride * sizeof(float) * static_cast<size_t>(std::max(threads, 1)); }
+};
+
+// S[j] <- qs . k_j for n rows of k (row stride ldk); Dk = NK * W: q stays in registers.
+template <int NK>
+void decode_scores(const float* qs, const float* k, int64_t ldk, int64_t n, float* S) {
+  vf q[NK];
+  for (int c = 0; c < NK; ++c) q[c] = simd::load(qs + c * W);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kr = k + j * ldk;
+    vf a = q[0] * simd::load(kr);
+    for (int c = 1; c < NK; ++c) a = simd::fma(q[c], simd::load(kr + c * W), a);
+    S[j] = simd::hsum(a);
+  }
+}
+
+// Any Dk: whole vectors, then the tail.
+void decode_scores_any(const float* qs, const float* k, int64_t ldk, int64_t n, int64_t Dk, float* S) {
+  const int64_t dk_vec = Dk / W * W;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* kr = k + j * ldk;
+    vf a = vf{};
+    for (int64_t d = 0; d < dk_vec; d += W) a = simd::fma(simd::load(qs + d), simd::load(kr + d), a);
+    float dot = simd::hsum(a);
+    for (int64_t d = dk_vec; d < Dk; ++d) dot += qs[d] * kr[d];
+    S[j] = dot;
+  }
+}
+
+// acc (Dv = NV * W) <- sum_j w_j v_j over the keys of non-zero weight, in registers.
+template <int NV>
+void decode_values(const float* w, const float* v, int64_t ldv, int64_t n, float* acc) {
+  vf o[NV];
+  for (int c = 0; c < NV; ++c) o[c] = vf{};
+  for (int64_t j = 0; j < n; ++j) {
+    if (w[j] == 0.0f) continue;
+    const vf vw = simd::set1(w[j]);
+    const float* vr = v + j * ldv;
+    for (int c = 0; c < NV; ++c) o[c] = simd::fma(vw, simd::load(vr + c * W), o[c]);
+  }
+  for (int c = 0; c < NV; ++c) simd::store(acc + c * W, o[c]);
+}
+
+void decode_values_any(const float* w, const float* v, int64_t ldv, int64_t n, int64_t Dv, float* acc) {
+  const int64_t dv_vec = Dv / W * W;
+  std::fill(acc, acc + Dv, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    if (w[j] == 0.0f) continue;
+    const float* vr = v + j * ldv;
+    const vf vw = simd::set1(w[j]);
+    for (int64_t d = 0; d < dv_vec; d += W) simd::store(acc + d, simd::fma(vw, simd::load(vr + d), simd::load(acc + d)));
+    for (int64_t d = dv_vec; d < Dv; ++d) acc[d] += w[j] * vr[d];
+  }
+}
+
+// The register-resident variants cover head sizes of 1, 2, 4, 8 and 16 vectors.
+template <class Fixed, class Any>
+void by_vectors(int64_t D, Fixed fixed, Any any) {
+  if (D % W == 0) switch (D / W) {
+      case 1: return fixed(std::integral_constant<int, 1>{});
+      case 2: return fixed(std::integral_constant<int, 2>{});
+      case 4: return fixed(std::integral_constant<int, 4>{});
+      case 8: return fixed(std::integral_constant<int, 8>{});
+      case 16: return fixed(std::integral_constant<int, 16>{});
+      default: break;
+    }
+  any();
+}
+
+void decode_row(const AttnInputs<float>& in, const DecodeLayout& L, float* tws, int64_t b, int64_t h, float* out,
+                float* lse) {
+  const AttnShape& s = in.s;
+  const int64_t hk = h / (s.H / s.Hkv), bh = b * s.H + h;
+  const float* q = in.q + b * in.qs.b + h * in.qs.h;
+  const float* k = in.k + b * in.ks.b + hk * in.ks.h;
+  const float* v = in.v + b * in.vs.b + hk * in.vs.h;
+  const KeyRange r = key_range(s, in.m, b, 0);
+  const int64_t p = query_pos(s, in.m, 0), n = r.hi - r.lo;
+  float* qs = tws;             // (Dk_pad) scale * q, as the tiled path scales Q
+  float* S = qs + L.Dk_pad;    // (Tk_pad) scores of keys lo .. hi, then weights
+  float* acc = S + L.Tk_pad;   // (Dv_pad) unnormalised output
+  const float scale = static_cast<float>(in.scale);
+  for (int64_t d = 0; d < s.Dk; ++d) qs[d] = q[d] * scale;
+  // S_j <- qs . k_j (+ bias_j; -inf where blocked: a blocked key's score is replaced, never added to)
+  const float* k0 = k + r.lo * in.ks.t;
+  by_vectors(
+      s.Dk, [&](auto nk) { decode_scores<decltype(nk)::value>(qs, k0, in.ks.t, n, S); },
+      [&] { decode_scores_any(qs, k0, in.ks.t, n, s.Dk, S); });
+  if (in.m.elementwise())
+    for (int64_t j = 0; j < n; ++j) {
+      const float bias = elementwise_bias<float>(in.m, b, h, 0, r.lo + j, p);
+      S[j] = bias == kNegInf ? kNegInf : S[j] + bias;
+    }
+  float mx = kNegInf;
+  for (int64_t j = 0; j < n; ++j)
+    if (S[j] > mx) mx = S[j];
+  // w_j <- exp(S_j - max); l <- sum_j w_j. A row blocked everywhere has max -inf: all weights 0.
+  const float m_use = mx == kNegInf ? 0.0f : mx;
+  const int64_t n_pad = round_up(n, W);
+  std::fill(S + n, S + n_pad, kNegInf);
+  const vf vm = simd::set1(m_use);
+  vf vsum = vf{};
+  for (int64_t c = 0; c < n_pad; c += W) {
+    const vf w = simd::exp(simd::load(S + c) - vm);
+    simd::store(S + c, w);
+    vsum += w;
+  }
+  const float l = simd::hsum(vsum);
+  // acc <- sum_j w_j v_j over keys of non-zero weight (a NaN weight is not zero: it propagates)
+  const float* v0 = v + r.lo * in.vs.t;
+  by_vectors(
+      s.Dv, [&](auto nv) { decode_values<decltype(nv)::value>(S, v0, in.vs.t, n, acc); },
+      [&] { decode_values_any(S, v0, in.vs.t, n, s.Dv, acc); });
+  // out <- acc / l ; lse <- max + log(l). l = 0 exactly when no key is allowed: zeros and -inf.
+  float* o = out + bh * s.Dv;
+  if (l == 0.0f) {
+    std::fill(o, o + s.Dv, 0.0f);
+    lse[bh] = kNegInf;
+    return;
+  }
+  const float inv = 1.0f / l;
+  for (int64_t d = 0; d < s.Dv; ++d) o[d] = acc[d] * inv;
+  lse[bh] = m_use + std::log(l);
+}
+
+void decode_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads) {
+  const AttnShape& s = in.s;
+  const DecodeLayout L(s);
+  const int64_t items = s.B * s.H;
+  // A parallel region costs microseconds: worth it only for this much multiply-adding.
+  const bool parallel = threads > 1 && items > 1 && items * s.Tk * (s.Dk + s.Dv) >= (int64_t{1} << 18);
+#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
+  for (int64_t it = 0; it < items; ++it)
+    decode_row(in, L, static_cast<float*>(ws) + L.stride * static_cast<size_t>(omp_get_thread_num()), it / s.H,
+               it % s.H, out, lse);
+}
+
 }  // namespace
 
-size_t flash_forward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, false).total; }
+size_t flash_forward_workspace(const AttnShape& s, int threads) {
+  if (s.Tq == 1) return DecodeLayout(s).total(threads);
+  return Layout(s, threads, false).total;
+}
 
 void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads) {
   const AttnShape& s = in.s;
   if (s.Tq == 0 || s.B == 0 || s.H == 0) return;
+  if (s.Tq == 1) return decode_forward(in, out, lse, ws, threads);
   const Layout L(s, threads, false);
   const int64_t items = s.B * s.H * L.nqb;
 #pragma omp parallel num_threads(threads)

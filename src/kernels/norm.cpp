@@ -117,8 +117,8 @@ void backward_row_dx(const float* x, const float* dy, const float* gamma, double
 
 void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
                        int64_t N, int64_t C, float eps, int threads) {
-  // x, y: (N, C)   gamma, beta: (C)   mean, rstd: (N)
-#pragma omp parallel for num_threads(clamp_threads(threads)) schedule(static)
+  // x, y: (N, C)   gamma, beta: (C)   mean, rstd: (N). One row (a decoding step) forks no threads.
+#pragma omp parallel for num_threads(clamp_threads(threads)) schedule(static) if (N > 1)
   for (int64_t i = 0; i < N; ++i) {
     const float* xi = x + i * C;
     float* yi = y + i * C;
@@ -205,8 +205,8 @@ void layernorm_backward(const float* x, const float* gamma, const float* mean, c
 
 void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t N, int64_t C, float eps,
                      int threads) {
-  // x, y: (N, C)   gamma: (C)   rstd: (N)
-#pragma omp parallel for num_threads(clamp_threads(threads)) schedule(static)
+  // x, y: (N, C)   gamma: (C)   rstd: (N). One row (a decoding step) forks no threads.
+#pragma omp parallel for num_threads(clamp_threads(threads)) schedule(static) if (N > 1)
   for (int64_t i = 0; i < N; ++i) {
     const float* xi = x + i * C;
     float* yi = y + i * C;

@@ -422,7 +422,7 @@ bool cpu_has_avx512_vnni() {
 }
 
 QuantIsa quant_isa(Isa isa) {
-#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::dot_q8_0, ns::dot_q4_0, ns::dot_f16, ns::dot_bf16, v}
+#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, v}
   switch (isa) {
     case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni());
     case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false);
@@ -433,9 +433,15 @@ QuantIsa quant_isa(Isa isa) {
 QuantIsa quant_isa_w16avx2() { return QKV_QUANT_TABLE(w16avx2, false); }
 #undef QKV_QUANT_TABLE
 
+void q4_lane_corrections(const int8_t* q, int64_t nb, int32_t* c) {
+  for (int64_t i = 0; i < nb * 8; ++i) c[i] = -8 * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+}
+
+// Workspace: xd (nb floats), xq (K bytes), then for Q4_0 the lane corrections (8 int32 per block).
 size_t gemv_workspace_bytes(WType t, int64_t K) {
   if (t != WType::Q8_0 && t != WType::Q4_0) return 0;
-  return static_cast<size_t>(K / kQBlock) * sizeof(float) + static_cast<size_t>(K);
+  const size_t nb = static_cast<size_t>(K / kQBlock);
+  return nb * sizeof(float) + static_cast<size_t>(K) + (t == WType::Q4_0 ? nb * 8 * sizeof(int32_t) : 0);
 }
 
 void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
@@ -448,26 +454,37 @@ void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, 
   const int64_t nb = K / kQBlock;
   float* xd = nullptr;
   int8_t* xq = nullptr;
+  int32_t* corr = nullptr;
   if (t == WType::Q8_0 || t == WType::Q4_0) {
     check(workspace != nullptr, "gemv: ", wtype_name(t), " needs a workspace of ", gemv_workspace_bytes(t, K),
           " bytes");
     xd = static_cast<float*>(workspace);
     xq = reinterpret_cast<int8_t*>(xd + nb);
     quantize_activations(x, K, xd, xq);
+    if (t == WType::Q4_0) {
+      corr = reinterpret_cast<int32_t*>(xq + K);
+      q4_lane_corrections(xq, nb, corr);
+    }
   }
   // Rows in fixed chunks of 16: each row's sum is one thread's, in an order set by K alone.
   constexpr int64_t kRows = 16;
   const int64_t chunks = (N + kRows - 1) / kRows;
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(static) if (chunks > 1 && threads > 1)
   for (int64_t c = 0; c < chunks; ++c) {
+    if (t == WType::Q4_0 || t == WType::Q8_0) {
+      const int64_t n0 = c * kRows;
+      (t == WType::Q4_0 ? k.rows_q4_0 : k.rows_q8_0)(base + static_cast<size_t>(n0) * rb, rb,
+                                                     std::min(N, n0 + kRows) - n0, xd, xq, corr, nb, y + n0, k.vnni);
+      continue;
+    }
     for (int64_t n = c * kRows; n < std::min(N, (c + 1) * kRows); ++n) {
       const uint8_t* row = base + static_cast<size_t>(n) * rb;
       switch (t) {
         case WType::F32: break;  // refused above
         case WType::BF16: y[n] = k.dot_bf16(reinterpret_cast<const uint16_t*>(row), x, K); break;
         case WType::F16: y[n] = k.dot_f16(reinterpret_cast<const uint16_t*>(row), x, K); break;
-        case WType::Q8_0: y[n] = k.dot_q8_0(reinterpret_cast<const BlockQ8_0*>(row), xd, xq, nb, k.vnni); break;
-        case WType::Q4_0: y[n] = k.dot_q4_0(reinterpret_cast<const BlockQ4_0*>(row), xd, xq, nb, k.vnni); break;
+        case WType::Q8_0:
+        case WType::Q4_0: break;  // above
       }
     }
   }

@@ -92,6 +92,10 @@ int64_t first_nonfinite(WType t, const void* row, int64_t K);
 // so that its products are NaN, never a number. K must be a multiple of 32.
 void quantize_activations(const float* x, int64_t K, float* d, int8_t* q);
 
+// c[8 i + k] = -8 (q[32 i + 4 k] + ... + q[32 i + 4 k + 3]) for each block i of quantised
+// activations: what the Q4_0 products add back for the nibbles' offset of 8 (simd/lowp.h).
+void q4_lane_corrections(const int8_t* q, int64_t nb, int32_t* c);
+
 // y[n] = W[n, :] . x for n < N: W is N rows of row_bytes(t, K) bytes. Each y[n] is summed by
 // one thread in an order fixed by K (the rows are split across threads in fixed chunks): the
 // result depends on neither the thread count nor which other rows are computed. `workspace`
@@ -104,8 +108,10 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
 // The per-ISA row products (quant_isa.cpp). xd, xq: the quantised activations (nb blocks).
 #define QKV_DECLARE_QUANT_ISA(ns)                                                                  \
   namespace ns {                                                                                   \
-  float dot_q8_0(const BlockQ8_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni);    \
-  float dot_q4_0(const BlockQ4_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni);    \
+  void rows_q4_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq,        \
+                 const int32_t* corr, int64_t nb, float* y, bool vnni);                            \
+  void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq,        \
+                 const int32_t* corr, int64_t nb, float* y, bool vnni);                            \
   float dot_f16(const uint16_t* w, const float* x, int64_t K);                                     \
   float dot_bf16(const uint16_t* w, const float* x, int64_t K);                                    \
   }
@@ -116,8 +122,11 @@ QKV_DECLARE_QUANT_ISA(w16avx2)
 #undef QKV_DECLARE_QUANT_ISA
 
 struct QuantIsa {
-  float (*dot_q8_0)(const BlockQ8_0*, const float*, const int8_t*, int64_t, bool);
-  float (*dot_q4_0)(const BlockQ4_0*, const float*, const int8_t*, int64_t, bool);
+  // n rows of Q4_0 / Q8_0 at once (Q4_0 with the activations' per-lane corrections, q4_lane_corrections)
+  void (*rows_q4_0)(const uint8_t*, size_t, int64_t, const float*, const int8_t*, const int32_t*, int64_t, float*,
+                    bool);
+  void (*rows_q8_0)(const uint8_t*, size_t, int64_t, const float*, const int8_t*, const int32_t*, int64_t, float*,
+                    bool);
   float (*dot_f16)(const uint16_t*, const float*, int64_t);
   float (*dot_bf16)(const uint16_t*, const float*, int64_t);
   bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)

@@ -5,11 +5,13 @@
 
 namespace qkv::kernels::QKV_ISA {
 
-float dot_q8_0(const BlockQ8_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni) {
-  return simd::dot_q8_0(w, xd, xq, nb, vnni);
+void rows_q4_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq, const int32_t* corr,
+               int64_t nb, float* y, bool vnni) {
+  simd::rows_q4_0(W, rb, n, xd, xq, corr, nb, y, vnni);
 }
-float dot_q4_0(const BlockQ4_0* w, const float* xd, const int8_t* xq, int64_t nb, bool vnni) {
-  return simd::dot_q4_0(w, xd, xq, nb, vnni);
+void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq, const int32_t* corr,
+               int64_t nb, float* y, bool vnni) {
+  simd::rows_q8_0(W, rb, n, xd, xq, corr, nb, y, vnni);
 }
 float dot_f16(const uint16_t* w, const float* x, int64_t K) { return simd::dot_f16(w, x, K); }
 float dot_bf16(const uint16_t* w, const float* x, int64_t K) { return simd::dot_bf16(w, x, K); }

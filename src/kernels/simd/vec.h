@@ -46,12 +46,22 @@ inline float hmax(vf v) {
   for (int i = 1; i < W; ++i) m = m > v[i] ? m : v[i];
   return m;
 }
-// Pairwise tree order: fixed, so results do not depend on anything but the inputs.
-inline float hsum(vf v) {
-  for (int w = W / 2; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) v[i] += v[i + w];
-  return v[0];
+// Pairwise tree order: fixed, so results do not depend on anything but the inputs. Step w adds
+// lane i + w to lane i (i < w) with one whole-vector rotation: lane 0 sees exactly the sums of
+// the scalar tree (for i < w; v[i] += v[i + w]), which GCC compiled to a store and scalar adds.
+template <int w, size_t... I>
+inline vf rotate_lanes(vf v, std::index_sequence<I...>) {
+  return __builtin_shufflevector(v, v, static_cast<int>((I + w) % W)...);
 }
+template <int w>
+inline vf hsum_steps(vf v) {
+  v += rotate_lanes<w>(v, std::make_index_sequence<W>{});
+  if constexpr (w > 1)
+    return hsum_steps<w / 2>(v);
+  else
+    return v;
+}
+inline float hsum(vf v) { return hsum_steps<W / 2>(v)[0]; }
 
 // exp(x) for a vector: Cody-Waite range reduction to r in [-ln2/2, ln2/2], a degree-6
 // polynomial, then scaling by 2^n through the exponent bits. Relative error about 2 ulp.
