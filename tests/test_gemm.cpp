@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/gemm_internal.h"
+#include "kernels/quant.h"
 #include "qkv/qkv.h"
 
 namespace qkv {
@@ -40,6 +41,55 @@ TEST(Gemm, MatchesNaiveProductWithTransposes) {
       std::fill(C.begin(), C.end(), 1.0f);
     }
   }
+}
+
+// bfloat16 products (prompts against bf16 weights): against the float64 product of the same
+// bfloat16 values, within twice the error of a plain float32 loop over them; strides respected,
+// NaN and infinity carried, the same bits for the same thread count. On a CPU without bf16 dot
+// products the call refuses, and that is checked instead.
+TEST(Gemm, Bf16ProductsAgainstTheirFloat64Twin) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n;
+  const int64_t M = 45, N = 70, K = 300, lda = K + 3, ldb = K + 5, ldc = N + 2;
+  std::vector<uint16_t> A(M * lda), B(N * ldb);
+  for (auto& x : A) x = kernels::f32_to_bf16(n(rng));
+  for (auto& x : B) x = kernels::f32_to_bf16(n(rng) * (rng() % 9 == 0 ? 30.0f : 1.0f));
+  std::vector<float> C(M * ldc, -7.0f);
+  if (!bf16_gemm_native()) {
+    EXPECT_THROW(gemm_bf16_nt(M, N, K, A.data(), lda, B.data(), ldb, C.data(), ldc), Error);
+    GTEST_SKIP() << "this CPU has no bf16 dot-product instructions (AVX512_BF16 or AMX)";
+  }
+  gemm_bf16_nt(M, N, K, A.data(), lda, B.data(), ldb, C.data(), ldc);
+  double worst = 0, plain_worst = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double ref = 0, mag = 0;
+      float plain = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = static_cast<double>(kernels::bf16_to_f32(A[i * lda + k])) * kernels::bf16_to_f32(B[j * ldb + k]);
+        ref += p, mag += std::fabs(p);
+        plain += kernels::bf16_to_f32(A[i * lda + k]) * kernels::bf16_to_f32(B[j * ldb + k]);
+      }
+      worst = std::max(worst, std::fabs(C[i * ldc + j] - ref) / mag);
+      plain_worst = std::max(plain_worst, std::fabs(plain - ref) / mag);
+    }
+  EXPECT_LE(worst, 2 * plain_worst + 1e-7) << "the plain float32 loop's error: " << plain_worst;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = N; j < ldc; ++j) EXPECT_EQ(C[i * ldc + j], -7.0f) << "past N in row " << i;
+  // the same bits again
+  std::vector<float> C2(M * ldc, -7.0f);
+  gemm_bf16_nt(M, N, K, A.data(), lda, B.data(), ldb, C2.data(), ldc);
+  EXPECT_EQ(C, C2);
+  // NaN and infinity in an input reach exactly their row and column
+  A[3 * lda + 10] = kernels::f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  B[5 * ldb + 20] = kernels::f32_to_bf16(std::numeric_limits<float>::infinity());
+  gemm_bf16_nt(M, N, K, A.data(), lda, B.data(), ldb, C.data(), ldc);
+  for (int64_t j = 0; j < N; ++j) EXPECT_TRUE(std::isnan(C[3 * ldc + j])) << j;
+  for (int64_t i = 0; i < M; ++i)
+    if (i != 3) {
+      EXPECT_TRUE(std::isinf(C[i * ldc + 5]) || std::isnan(C[i * ldc + 5])) << i;
+    }
+  EXPECT_TRUE(std::isfinite(C[4 * ldc + 6]));
 }
 
 TEST(Gemm, BetaZeroIgnoresWhatCHeldAndLdcIsRespected) {

@@ -9,6 +9,18 @@ namespace qkv {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// C (M, N) = A B^T with A (M, K) and B (N, K) bfloat16 (row strides lda, ldb) and C float32
+// (row stride ldc, overwritten): products of bfloat16 values, exact in float32, summed in float32
+// (oneDNN's matmul on the CPU's bf16 dot-product instructions). Only where
+// bf16_gemm_native() says the CPU has them (AVX512_BF16 or AMX); elsewhere it throws.
+bool bf16_gemm_native();
+// Whether products of many rows with bfloat16 weights take gemm_bf16_nt (their activations rounded
+// to bfloat16): bf16_gemm_native(), unless QKV_BF16_GEMM=0 asks for the float32 product of the
+// dequantised weights (slower; the activations unrounded).
+bool bf16_gemm_enabled();
+void gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                  float* C, int64_t ldc);
+
 // While an object of this class lives, sgemm on the constructing thread computes products of up to
 // 64 rows with B transposed (what a linear layer's forward pass asks: x W^T) by a kernel whose
 // every element is summed in an order that depends on K only: a row's result is bitwise the same

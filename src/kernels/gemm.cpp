@@ -9,6 +9,8 @@
 #include "qkv/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "kernels/train_isa.h"
 #include "qkv/cpu.h"
@@ -18,6 +20,8 @@
 
 #include <cblas.h>
 #include <dnnl.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include <string>
 
@@ -73,6 +77,53 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   check(st == dnnl_success, "sgemm: oneDNN's dnnl_sgemm failed (status ", static_cast<int>(st), ") for M=", M,
         " N=", N, " K=", K, " lda=", lda, " ldb=", ldb, " ldc=", ldc);
+}
+
+bool bf16_gemm_native() {
+  static const bool native = [] {
+    const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
+}
+
+bool bf16_gemm_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("QKV_BF16_GEMM");
+    return bf16_gemm_native() && !(env && std::strcmp(env, "0") == 0);
+  }();
+  return enabled;
+}
+
+void gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t lda, const uint16_t* B, int64_t ldb,
+                  float* C, int64_t ldc) {
+  check(M >= 0 && N >= 0 && K >= 0, "gemm_bf16: negative size M=", M, " N=", N, " K=", K);
+  check(lda >= K && ldb >= K && ldc >= N, "gemm_bf16: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
+        " below K=", K, " / N=", N);
+  check(bf16_gemm_native(), "gemm_bf16: this CPU has no bfloat16 dot-product instructions (AVX512_BF16 or AMX)");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  // Descriptors with strides: A (M, K), B^T as a (K, N) view of B, C (M, N). oneDNN keeps a cache of
+  // primitives by descriptor, so a shape seen before costs a lookup, not a new kernel.
+  try {
+    using dt = dnnl::memory::data_type;
+    static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc a({M, K}, dt::bf16, dnnl::memory::dims{lda, 1});
+    const dnnl::memory::desc b({K, N}, dt::bf16, dnnl::memory::dims{1, ldb});
+    const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+    const dnnl::matmul mm(pd);
+    dnnl::stream st(eng);
+    dnnl::memory ma(a, eng, const_cast<uint16_t*>(A)), mb(b, eng, const_cast<uint16_t*>(B)), mc(c, eng, C);
+    mm.execute(st, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    st.wait();
+  } catch (const dnnl::error& e) {
+    fail("gemm_bf16: oneDNN's matmul failed (", e.what(), ", status ", static_cast<int>(e.status), ") for M=", M,
+         " N=", N, " K=", K);
+  }
 }
 
 std::string blas_fallback_advice(const std::string& c, bool cpu_avx2, bool cpu_avx512) {

@@ -75,6 +75,23 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
   float* Y = y->value.data<float>();
   const float* Xp = X.data<float>();
   const int threads = num_threads();
+  if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0 && P.type == WType::BF16 &&
+      bf16_gemm_enabled()) {
+    // Many rows against bfloat16 weights, on a CPU with bf16 dot products: the activations are
+    // rounded to bfloat16 (to nearest even) and multiplied by the weights as stored, in float32
+    // sums (qkv::gemm_bf16_nt), twice the float32 product's speed and no dequantised copy.
+    std::vector<uint16_t> xb(static_cast<size_t>(N * In));
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < N * In; ++i) xb[i] = kernels::f32_to_bf16(Xp[i]);
+    gemm_bf16_nt(N, Out, In, xb.data(), In, reinterpret_cast<const uint16_t*>(P.row(row_begin)), In, Y, Out);
+    if (b) {
+      const float* bias = b->value.data<float>() + bias_begin;
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
+    }
+    return y;
+  }
   if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0) {
     // Many rows (a prompt, a batch being scored): tiles of the weight rows dequantised to float32
     // and multiplied by the float32 product, which beats one matrix-vector pass per row. The

@@ -94,11 +94,10 @@ inline __m256i dot32_madd(__m256i w, __m256i x) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
-// Q4_0 rows several at a time, without the sign trick: the nibbles 0..15 are the unsigned operand
-// as they are, and the offset of 8 comes back through per-lane corrections c_k = -8 (x_4k + ... +
-// x_4k+3) (q4_lane_corrections), the products' starting value. So every int32 lane is exactly
-// the one-row loop's sum over (q - 8) x, and each row's float steps are the one-row loop's: the
-// same bits, with x, its corrections and its scale loaded once for R rows.
+// Q4_0 without the sign trick: the nibbles 0..15 are the unsigned operand as they are, and the
+// offset of 8 comes back through per-lane corrections c_k = -8 (x_4k + ... + x_4k+3)
+// (q4_lane_corrections), the products' starting value. So every int32 lane is exactly the sum
+// over (q - 8) x that the sign trick gave, in three fewer instructions per block.
 inline __m256i q4_nibbles(const uint8_t* q) {
   const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
   const __m128i m = _mm_set1_epi8(15);
@@ -107,47 +106,34 @@ inline __m256i q4_nibbles(const uint8_t* q) {
 inline __m256i dot32u_madd(__m256i c, __m256i u, __m256i s) {
   return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 }
-// R rows at once, two accumulators per row: STEP(c, block, x) is a block's 8 int32 lanes, c its
-// lane corrections (Q4_0; none for Q8_0, whose bytes take the sign trick of dot32_madd /
-// dot32_vnni). Each block: its float scale times its lanes, added lane-wise; the lanes are summed
-// at the end. (A macro, not a template alone: the VNNI loop needs its target attribute on the
-// function that holds the loop, for its intrinsics to inline.)
-#define QKV_ROWS(NAME, ATTR, BLOCK, STEP, CORR)                                                              \
-  template <int R>                                                                                           \
-  ATTR inline void NAME(const uint8_t* W, size_t rb, const float* xd, const int8_t* xq, const int32_t* corr, \
-                        int64_t nb, float* y) {                                                              \
-    __m256 a0[R], a1[R];                                                                                     \
-    for (int r = 0; r < R; ++r) a0[r] = a1[r] = _mm256_setzero_ps();                                        \
+// One row, two accumulators: STEP(c, block, x) is a block's 8 int32 lanes, c its lane
+// corrections (Q4_0; none for Q8_0, whose bytes take the sign trick of dot32_madd / dot32_vnni).
+// Each block: its float scale times its lanes, added lane-wise; the lanes are summed at the end.
+// (A macro, not a template: the VNNI loop needs its target attribute on the function that holds
+// the loop, for its intrinsics to inline.)
+#define QKV_ROW(NAME, ATTR, BLOCK, STEP, CORR)                                                               \
+  ATTR inline float NAME(const kernels::BLOCK* w, const float* xd, const int8_t* xq, const int32_t* corr,     \
+                         int64_t nb) {                                                                       \
     const auto lanes_c = [corr](int64_t i) {                                                                 \
       return CORR ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + i * 8)) : _mm256_setzero_si256(); \
     };                                                                                                       \
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();                                               \
     int64_t i = 0;                                                                                           \
     for (; i + 2 <= nb; i += 2) {                                                                            \
-      const __m256i x0 = load32(xq + i * 32), x1 = load32(xq + i * 32 + 32);                                 \
-      const __m256i c0 = lanes_c(i), c1 = lanes_c(i + 1);                                                    \
-      for (int r = 0; r < R; ++r) {                                                                          \
-        const auto* w = reinterpret_cast<const kernels::BLOCK*>(W + r * rb);                                 \
-        const __m256i p0 = STEP(c0, w[i], x0);                                                               \
-        const __m256i p1 = STEP(c1, w[i + 1], x1);                                                           \
-        a0[r] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0[r]); \
-        a1[r] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), \
-                                a1[r]);                                                                      \
-      }                                                                                                      \
+      const __m256i p0 = STEP(lanes_c(i), w[i], load32(xq + i * 32));                                        \
+      const __m256i p1 = STEP(lanes_c(i + 1), w[i + 1], load32(xq + i * 32 + 32));                           \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]), _mm256_cvtepi32_ps(p0), a0);       \
+      a1 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i + 1].d) * xd[i + 1]), _mm256_cvtepi32_ps(p1), a1); \
     }                                                                                                        \
-    if (i < nb) {                                                                                            \
-      const __m256i x0 = load32(xq + i * 32), c0 = lanes_c(i);                                               \
-      for (int r = 0; r < R; ++r) {                                                                          \
-        const auto* w = reinterpret_cast<const kernels::BLOCK*>(W + r * rb);                                 \
-        a0[r] = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                               \
-                                _mm256_cvtepi32_ps(STEP(c0, w[i], x0)), a0[r]);                              \
-      }                                                                                                      \
-    }                                                                                                        \
-    for (int r = 0; r < R; ++r) y[r] = hsum256(_mm256_add_ps(a0[r], a1[r]));                                \
+    if (i < nb)                                                                                              \
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(half_to_float(w[i].d) * xd[i]),                                    \
+                           _mm256_cvtepi32_ps(STEP(lanes_c(i), w[i], load32(xq + i * 32))), a0);              \
+    return hsum256(_mm256_add_ps(a0, a1));                                                                   \
   }
 #define QKV_Q4_STEP_MADD(c, b, x) dot32u_madd(c, q4_nibbles((b).q), x)
 #define QKV_Q8_STEP_MADD(c, b, x) ((void)(c), dot32_madd(load32((b).q), x))
-QKV_ROWS(rows_madd_q4_0, , BlockQ4_0, QKV_Q4_STEP_MADD, true)
-QKV_ROWS(rows_madd_q8_0, , BlockQ8_0, QKV_Q8_STEP_MADD, false)
+QKV_ROW(row_madd_q4_0, , BlockQ4_0, QKV_Q4_STEP_MADD, true)
+QKV_ROW(row_madd_q8_0, , BlockQ8_0, QKV_Q8_STEP_MADD, false)
 
 #if defined(__AVX512F__)
 __attribute__((target("avx512vnni,avx512vl"))) inline __m256i dot32u_vnni(__m256i c, __m256i u, __m256i s) {
@@ -160,40 +146,38 @@ __attribute__((target("avx512vnni,avx512vl"))) inline __m256i dot32_vnni(__m256i
 #define QKV_VNNI __attribute__((target("avx512vnni,avx512vl")))
 #define QKV_Q4_STEP_VNNI(c, b, x) dot32u_vnni(c, q4_nibbles((b).q), x)
 #define QKV_Q8_STEP_VNNI(c, b, x) ((void)(c), dot32_vnni(load32((b).q), x))
-QKV_ROWS(rows_vnni_q4_0, QKV_VNNI, BlockQ4_0, QKV_Q4_STEP_VNNI, true)
-QKV_ROWS(rows_vnni_q8_0, QKV_VNNI, BlockQ8_0, QKV_Q8_STEP_VNNI, false)
+QKV_ROW(row_vnni_q4_0, QKV_VNNI, BlockQ4_0, QKV_Q4_STEP_VNNI, true)
+QKV_ROW(row_vnni_q8_0, QKV_VNNI, BlockQ8_0, QKV_Q8_STEP_VNNI, false)
 #undef QKV_Q4_STEP_VNNI
 #undef QKV_Q8_STEP_VNNI
 #undef QKV_VNNI
 #endif
-#undef QKV_ROWS
+#undef QKV_ROW
 #undef QKV_Q4_STEP_MADD
 #undef QKV_Q8_STEP_MADD
 
 #endif  // __AVX2__
 
-// n rows (row stride rb bytes) into y, R at a time, then one at a time. corr: Q4_0's lane
-// corrections (unused for Q8_0). Measured on Zen 4 (qkv bench gemv, 1536 x 576, one thread):
-// Q4_0 is bound by its instructions, and dropping the sign trick took a row block from 57 to
-// 38 us whether R is 2, 4 or 8; Q8_0 is bound by memory at R = 1 (23 GB/s), and R = 2 made it
-// 3-4x slower (its second row's loads stalled), so Q8_0 stays one row at a time.
+// n rows (row stride rb bytes) into y, one after another. corr: Q4_0's lane corrections (unused
+// for Q8_0). Measured on Zen 4 (qkv bench gemv, one thread): dropping the sign trick took Q4_0's
+// 1536 x 576 product from 57 to 40 us; computing 2 or 4 rows at once (x loaded once for them)
+// gained nothing there and made 5632 x 2048 2.5x slower (454 us against 1,135 and 1,051: the
+// rows' interleaved streams stall the loads), and Q8_0 likewise.
 #if defined(__AVX2__)
-#define QKV_ROWS_DISPATCH(RR, ROWS)                                                 \
-  int64_t r = 0;                                                                    \
-  for (; r + (RR) <= n; r += (RR)) ROWS<RR>(W + r * rb, rb, xd, xq, corr, nb, y + r); \
-  for (; r < n; ++r) ROWS<1>(W + r * rb, rb, xd, xq, corr, nb, y + r);
+#define QKV_ROWS_LOOP(ROW, BLOCK)                                                                          \
+  for (int64_t r = 0; r < n; ++r) y[r] = ROW(reinterpret_cast<const kernels::BLOCK*>(W + r * rb), xd, xq, corr, nb)
 #endif
 inline void rows_q4_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq, const int32_t* corr,
                       int64_t nb, float* y, bool vnni) {
 #if defined(__AVX512F__)
   if (vnni) {
-    QKV_ROWS_DISPATCH(4, rows_vnni_q4_0)
+    QKV_ROWS_LOOP(row_vnni_q4_0, BlockQ4_0);
     return;
   }
 #endif
 #if defined(__AVX2__)
   (void)vnni;
-  QKV_ROWS_DISPATCH(2, rows_madd_q4_0)  // AVX2's 16 registers: two rows' four accumulators
+  QKV_ROWS_LOOP(row_madd_q4_0, BlockQ4_0);
 #else
   (void)corr, (void)vnni;
   for (int64_t r = 0; r < n; ++r)
@@ -204,20 +188,20 @@ inline void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, c
                       int64_t nb, float* y, bool vnni) {
 #if defined(__AVX512F__)
   if (vnni) {
-    QKV_ROWS_DISPATCH(1, rows_vnni_q8_0)
+    QKV_ROWS_LOOP(row_vnni_q8_0, BlockQ8_0);
     return;
   }
 #endif
 #if defined(__AVX2__)
   (void)vnni;
-  QKV_ROWS_DISPATCH(1, rows_madd_q8_0)
+  QKV_ROWS_LOOP(row_madd_q8_0, BlockQ8_0);
 #else
   (void)corr, (void)vnni;
   for (int64_t r = 0; r < n; ++r)
     y[r] = dot_q8_0_generic(reinterpret_cast<const kernels::BlockQ8_0*>(W + r * rb), xd, xq, nb);
 #endif
 }
-#undef QKV_ROWS_DISPATCH
+#undef QKV_ROWS_LOOP
 
 
 // float16 and bfloat16 rows: widened to float in registers, four accumulators.
