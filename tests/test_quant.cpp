@@ -161,6 +161,23 @@ std::vector<uint8_t> random_matrix(WType t, int64_t N, int64_t K, std::mt19937& 
   return packed;
 }
 
+// The vectorised rounding of many values equals the one-value rounding, bit for bit: random bit
+// patterns (NaNs with any payload, infinities, subnormals, ties) and the edges.
+TEST(Quant, Bf16RoundingOfManyValuesIsTheOneValueRounding) {
+  std::mt19937 rng(17);
+  std::vector<float> x(100003);
+  for (float& v : x) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    std::memcpy(&v, &bits, sizeof v);
+  }
+  const uint32_t edges[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu, 0x7f7fffffu,
+                            0x3f808000u, 0x3f818000u, 0x00008000u, 0x80000000u, 0x3f807fffu, 0x7f7f8000u};
+  for (size_t i = 0; i < std::size(edges); ++i) std::memcpy(&x[i], &edges[i], 4);
+  std::vector<uint16_t> got(x.size());
+  f32_to_bf16_n(x.data(), got.data(), static_cast<int64_t>(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(x[i])) << "value " << i << ": " << x[i];
+}
+
 TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
   std::mt19937 rng(21);
   const std::vector<Case> cases = {{WType::Q8_0, 37, 32},   {WType::Q8_0, 40, 4096}, {WType::Q8_0, 9, 96},

@@ -77,6 +77,7 @@ float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);
+void f32_to_bf16_n(const float* x, uint16_t* out, int64_t n);  // f32_to_bf16 on each of n values
 
 // One row of K floats to type t (GGUF's rules for Q8_0: d = max|x| / 127, q = round(x / d), half
 // away from zero; Q4_0: m = the element of largest magnitude, d = m / -8, q = min(15, trunc(x / d

@@ -75,35 +75,49 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
   float* Y = y->value.data<float>();
   const float* Xp = X.data<float>();
   const int threads = num_threads();
-  if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0 && P.type == WType::BF16 &&
-      bf16_gemm_enabled()) {
-    // Many rows against bfloat16 weights, on a CPU with bf16 dot products: the activations are
-    // rounded to bfloat16 (to nearest even) and multiplied by the weights as stored, in float32
-    // sums (qkv::gemm_bf16_nt), twice the float32 product's speed and no dequantised copy.
-    std::vector<uint16_t> xb(static_cast<size_t>(N * In));
+  if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0) {
+    // Many rows (a prompt, a batch being scored). On a CPU with bf16 dot products, bf16, Q8_0 and
+    // Q4_0 weights multiply the activations rounded to bfloat16 (nearest even), products exact and
+    // sums in float32 (qkv::gemm_bf16_nt): bf16 weights as stored, the others dequantised 256 rows
+    // at a time and rounded to bfloat16 too. Elsewhere (and f16 always, whose 11-bit mantissa
+    // bf16 would cut) the tiles are dequantised to float32 for the float32 product, the
+    // activations unrounded. Decoding's single rows, and every row under BatchInvariantGemm, take
+    // the matrix-vector path below.
+    const bool bf16 = P.type != WType::F16 && bf16_gemm_enabled();
+    std::vector<uint16_t> xb;
+    if (bf16) {
+      xb.resize(static_cast<size_t>(N * In));
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t i = 0; i < N * In; ++i) xb[i] = kernels::f32_to_bf16(Xp[i]);
-    gemm_bf16_nt(N, Out, In, xb.data(), In, reinterpret_cast<const uint16_t*>(P.row(row_begin)), In, Y, Out);
-    if (b) {
-      const float* bias = b->value.data<float>() + bias_begin;
+      for (int64_t i = 0; i < N; ++i) kernels::f32_to_bf16_n(Xp + i * In, xb.data() + i * In, In);
+    }
+    auto add_bias = [&](int64_t c0, int64_t cols) {
+      if (!b) return;
+      const float* bias = b->value.data<float>() + bias_begin + c0;
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (int64_t i = 0; i < N; ++i)
-        for (int64_t j = 0; j < Out; ++j) Y[i * Out + j] += bias[j];
+        for (int64_t j = 0; j < cols; ++j) Y[i * Out + c0 + j] += bias[j];
+    };
+    if (bf16 && P.type == WType::BF16) {
+      gemm_bf16_nt(N, Out, In, xb.data(), In, reinterpret_cast<const uint16_t*>(P.row(row_begin)), In, Y, Out);
+      add_bias(0, Out);
+      return y;
     }
-    return y;
-  }
-  if (N >= kPackedGemmRows && !BatchInvariantGemm::active() && In > 0) {
-    // Many rows (a prompt, a batch being scored): tiles of the weight rows dequantised to float32
-    // and multiplied by the float32 product, which beats one matrix-vector pass per row. The
-    // activations are not quantised here; decoding's single rows, and every row under
-    // BatchInvariantGemm, take the matrix-vector path.
     constexpr int64_t kTile = 256;
     std::vector<float> tile(static_cast<size_t>(std::min(Out, kTile) * In));
+    std::vector<uint16_t> tile_b(bf16 ? tile.size() : 0);
     for (int64_t r0 = 0; r0 < Out; r0 += kTile) {
       const int64_t rows = std::min(kTile, Out - r0);
 #pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t r = 0; r < rows; ++r)
-        kernels::dequantize_row(P.type, P.row(row_begin + r0 + r), In, tile.data() + r * In);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* t = tile.data() + r * In;
+        kernels::dequantize_row(P.type, P.row(row_begin + r0 + r), In, t);
+        if (bf16) kernels::f32_to_bf16_n(t, tile_b.data() + r * In, In);
+      }
+      if (bf16) {
+        gemm_bf16_nt(N, rows, In, xb.data(), In, tile_b.data(), In, Y + r0, Out);
+        add_bias(r0, rows);
+        continue;
+      }
       if (b) {
         const float* bias = b->value.data<float>() + bias_begin + r0;
         for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + rows, Y + i * Out + r0);
