@@ -159,9 +159,10 @@ QKV_ROW(row_vnni_q8_0, QKV_VNNI, BlockQ8_0, QKV_Q8_STEP_VNNI, false)
 #endif  // __AVX2__
 
 // n rows (row stride rb bytes) into y, one after another. corr: Q4_0's lane corrections (unused
-// for Q8_0). Measured on Zen 4 (qkv bench gemv, one thread): dropping the sign trick took Q4_0's
-// 1536 x 576 product from 57 to 40 us; computing 2 or 4 rows at once (x loaded once for them)
-// gained nothing there and made 5632 x 2048 2.5x slower (454 us against 1,135 and 1,051: the
+// for Q8_0). Measured on Zen 4 (qkv bench gemv, one thread, medians of alternating runs): dropping
+// the sign trick took Q4_0's 1536 x 576 product from 48 to 40 us, and left 5632 x 2048 where it
+// was (about 495 us, bound by memory); computing 2 or 4 rows at once (x loaded once for them)
+// gained nothing on the small shape and made the large one 2-2.5x slower in single runs (the
 // rows' interleaved streams stall the loads), and Q8_0 likewise.
 #if defined(__AVX2__)
 #define QKV_ROWS_LOOP(ROW, BLOCK)                                                                          \
