@@ -138,6 +138,25 @@ void check_masked_rows(const Tensor& out, const Tensor& lse, const Tensor& dq, c
   }
 }
 
+// Flash forward and backward with this ISA and thread count, every result within the bound and
+// every fully masked row exact; returns the forward result.
+AttentionOutput flash_within_bounds(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                                    const AttentionSpec& spec, Isa isa, int threads, const AttentionOutput& po,
+                                    const AttentionGrads& pg, const Oracle& o, int64_t Dk, int64_t Dv,
+                                    const std::string& ctx) {
+  SCOPED_TRACE(std::string("isa=") + isa_name(isa) + " threads=" + std::to_string(threads));
+  AttentionSpec fs = spec;
+  fs.isa = isa;
+  fs.threads = threads;
+  const AttentionOutput fo = attention(q, k, v, fs);
+  const AttentionGrads fg = attention_backward(q, k, v, fo.out, fo.lse, dout, fs);
+  // eps: docs/numerics.md (relative to the largest true value; gradients get twice the room
+  // because flash forms D = rowsum(dO * O) from the rounded output).
+  expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
+  check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, Dv, Dk, ctx);
+  return fo;
+}
+
 TEST(FlashVsOracle, Grid) {
   const std::vector<int64_t> Ts = {1, 3, 17, 64, 97, 128, 257, 1025};
   const std::vector<Dims> dims = {{1, 1}, {8, 8}, {21, 64}, {64, 64}, {80, 21}, {128, 80}, {64, 128}, {8, 21}};
@@ -175,16 +194,7 @@ TEST(FlashVsOracle, Grid) {
       if (idx % 3 == 2) kv = strided(k, 2, rng), vv = strided(v, 1, rng);
       for (Isa isa : isas()) {
         for (int threads : {1, 2}) {
-          SCOPED_TRACE(std::string("isa=") + isa_name(isa) + " threads=" + std::to_string(threads));
-          AttentionSpec fs = spec;
-          fs.isa = isa;
-          fs.threads = threads;
-          const AttentionOutput fo = attention(qv, kv, vv, fs);
-          const AttentionGrads fg = attention_backward(qv, kv, vv, fo.out, fo.lse, dout, fs);
-          // eps: docs/numerics.md (relative to the largest true value; gradients get twice the
-          // room because flash forms D = rowsum(dO * O) from the rounded output).
-          expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
-          check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, d.Dv, d.Dk, ctx);
+          flash_within_bounds(qv, kv, vv, dout, spec, isa, threads, po, pg, o, d.Dk, d.Dv, ctx);
           ++cases;
         }
       }
@@ -277,14 +287,8 @@ TEST(FlashDecode, EveryMaskAgainstTheOracle) {
       for (Isa isa : isas()) {
         AttentionOutput first;
         for (int threads : {1, 2, 3}) {
-          SCOPED_TRACE(std::string("isa=") + isa_name(isa) + " threads=" + std::to_string(threads));
-          AttentionSpec fs = spec;
-          fs.isa = isa;
-          fs.threads = threads;
-          const AttentionOutput fo = attention(q, kv, vv, fs);
-          const AttentionGrads fg = attention_backward(q, kv, vv, fo.out, fo.lse, dout, fs);
-          expect_within_bounds(fo.out, fo.lse, fg.dq, fg.dk, fg.dv, po, pg, o);
-          check_masked_rows(fo.out, fo.lse, fg.dq, o.lse, d.Dv, d.Dk, mname);
+          const AttentionOutput fo =
+              flash_within_bounds(q, kv, vv, dout, spec, isa, threads, po, pg, o, d.Dk, d.Dv, mname);
           if (threads == 1)
             first = fo;
           else

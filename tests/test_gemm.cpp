@@ -66,7 +66,8 @@ TEST(Gemm, Bf16ProductsAgainstTheirFloat64Twin) {
       double ref = 0, mag = 0;
       float plain = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = static_cast<double>(kernels::bf16_to_f32(A[i * lda + k])) * kernels::bf16_to_f32(B[j * ldb + k]);
+        const double p =
+            static_cast<double>(kernels::bf16_to_f32(A[i * lda + k])) * kernels::bf16_to_f32(B[j * ldb + k]);
         ref += p, mag += std::fabs(p);
         plain += kernels::bf16_to_f32(A[i * lda + k]) * kernels::bf16_to_f32(B[j * ldb + k]);
       }

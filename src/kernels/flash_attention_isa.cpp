@@ -330,6 +330,18 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
   }
 }
 
+// x[c] <- exp(x[c] - m) for c < n (a multiple of W); returns their sum (lane-wise, then hsum).
+inline float exp_shifted(float* x, int64_t n, float m) {
+  const vf vm = simd::set1(m);
+  vf vsum = vf{};
+  for (int64_t c = 0; c < n; c += W) {
+    const vf p = simd::exp(simd::load(x + c) - vm);
+    simd::store(x + c, p);
+    vsum += p;
+  }
+  return simd::hsum(vsum);
+}
+
 // One query row the plain way (scores in `buf`, Tk floats), reading only the values of keys
 // with non-zero weight. Used for blocks whose keys include a non-finite V row.
 void row_plain(const AttnInputs<float>& in, int64_t b, int64_t h, int64_t i, float* buf, float* out, float* lse) {
@@ -402,15 +414,9 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
       const float m_new = std::max(m[r], simd::hmax(vmx));
       const float m_use = m_new == kNegInf ? 0.0f : m_new;  // a row blocked so far stays all zero
       // P <- exp(S - m_new);  l <- l * exp(m_old - m_new) + rowsum P
-      const vf vm = simd::set1(m_use);
-      vf vsum = vf{};
-      for (int64_t c = 0; c < nc; c += W) {
-        const vf p = simd::exp(simd::load(row + c) - vm);
-        simd::store(row + c, p);
-        vsum += p;
-      }
+      const float rowsum = exp_shifted(row, nc, m_use);
       const float alpha = std::exp(m[r] - m_use);
-      l[r] = l[r] * alpha + simd::hsum(vsum);
+      l[r] = l[r] * alpha + rowsum;
       m[r] = m_new;
       // O <- O * exp(m_old - m_new)
       if (alpha != 1.0f) {
@@ -545,7 +551,8 @@ void decode_values_any(const float* w, const float* v, int64_t ldv, int64_t n, i
     if (w[j] == 0.0f) continue;
     const float* vr = v + j * ldv;
     const vf vw = simd::set1(w[j]);
-    for (int64_t d = 0; d < dv_vec; d += W) simd::store(acc + d, simd::fma(vw, simd::load(vr + d), simd::load(acc + d)));
+    for (int64_t d = 0; d < dv_vec; d += W)
+      simd::store(acc + d, simd::fma(vw, simd::load(vr + d), simd::load(acc + d)));
     for (int64_t d = dv_vec; d < Dv; ++d) acc[d] += w[j] * vr[d];
   }
 }
@@ -595,14 +602,7 @@ void decode_row(const AttnInputs<float>& in, const DecodeLayout& L, float* tws, 
   const float m_use = mx == kNegInf ? 0.0f : mx;
   const int64_t n_pad = round_up(n, W);
   std::fill(S + n, S + n_pad, kNegInf);
-  const vf vm = simd::set1(m_use);
-  vf vsum = vf{};
-  for (int64_t c = 0; c < n_pad; c += W) {
-    const vf w = simd::exp(simd::load(S + c) - vm);
-    simd::store(S + c, w);
-    vsum += w;
-  }
-  const float l = simd::hsum(vsum);
+  const float l = exp_shifted(S, n_pad, m_use);
   // acc <- sum_j w_j v_j over keys of non-zero weight (a NaN weight is not zero: it propagates)
   const float* v0 = v + r.lo * in.vs.t;
   by_vectors(
