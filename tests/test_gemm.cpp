@@ -93,6 +93,107 @@ TEST(Gemm, Bf16ProductsAgainstTheirFloat64Twin) {
   EXPECT_TRUE(std::isfinite(C[4 * ldc + 6]));
 }
 
+// sgemm under Bf16Matmul (training's --precision bf16): against the float64 product of the inputs
+// rounded to bfloat16, within twice the error of a plain float32 loop over the rounded values, for
+// every transpose, alpha and beta, strided operands, one row and many; on oneDNN's bf16 matmul
+// where the CPU has it and on the float32 fallback every CPU runs. The rounding must happen (the
+// result stays far from the unrounded product's), beta = 0 ignores what C held, the columns past
+// N stay untouched, and the same call gives the same bits.
+TEST(Gemm, Bf16MatmulAgainstItsFloat64TwinOnEveryPath) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n;
+  std::vector<bool> paths = {false};
+  if (bf16_gemm_native()) paths.push_back(true);
+  for (const bool native : paths)
+    for (const int64_t M : {int64_t{53}, int64_t{1}})
+      for (const bool ta : {false, true})
+        for (const bool tb : {false, true})
+          for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{2.0f, 0.5f}, std::pair{1.0f, 1.0f}}) {
+            SCOPED_TRACE(::testing::Message() << "native " << native << " M " << M << " ta " << ta << " tb " << tb
+                                              << " alpha " << alpha << " beta " << beta);
+            const int64_t N = 67, K = 259;
+            const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+            std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
+            for (float& x : A) x = n(rng);
+            for (float& x : B) x = n(rng) * (rng() % 9 == 0 ? 30.0f : 1.0f);
+            const float c0 = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : 0.25f;
+            std::fill(C.begin(), C.end(), c0);
+            auto a = [&](int64_t i, int64_t k) { return ta ? A[k * lda + i] : A[i * lda + k]; };
+            auto b = [&](int64_t k, int64_t j) { return tb ? B[j * ldb + k] : B[k * ldb + j]; };
+            auto r = [](float x) { return kernels::bf16_to_f32(kernels::f32_to_bf16(x)); };
+            sgemm_bf16(native, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+            double worst = 0, plain_worst = 0, unrounded_worst = 0;
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = 0; j < N; ++j) {
+                double ref = 0, mag = 0, exact = 0;
+                float plain = 0;
+                for (int64_t k = 0; k < K; ++k) {
+                  const double p = static_cast<double>(r(a(i, k))) * r(b(k, j));
+                  ref += p, mag += std::fabs(p);
+                  plain += r(a(i, k)) * r(b(k, j));
+                  exact += static_cast<double>(a(i, k)) * b(k, j);
+                }
+                const double c_in = beta == 0.0f ? 0.0 : static_cast<double>(beta) * c0;
+                const double want = alpha * ref + c_in, got = C[i * ldc + j];
+                ASSERT_TRUE(std::isfinite(got)) << "at " << i << "," << j;
+                worst = std::max(worst, std::fabs(got - want) / (alpha * mag + std::fabs(c_in)));
+                plain_worst = std::max(plain_worst, std::fabs(alpha * static_cast<double>(plain) - alpha * ref) /
+                                                        (alpha * mag + std::fabs(c_in)));
+                unrounded_worst = std::max(unrounded_worst, std::fabs(got - (alpha * exact + c_in)) / (alpha * mag));
+              }
+            EXPECT_LE(worst, 2 * plain_worst + 1e-7) << "the plain float32 loop's error: " << plain_worst;
+            EXPECT_GT(unrounded_worst, 1e-4) << "the inputs were not rounded to bfloat16";
+            for (int64_t i = 0; i < M; ++i)
+              for (int64_t j = N; j < ldc; ++j) {
+                if (beta == 0.0f) {
+                  ASSERT_TRUE(std::isnan(C[i * ldc + j])) << "wrote past N in row " << i;
+                } else {
+                  ASSERT_EQ(C[i * ldc + j], c0) << "wrote past N in row " << i;
+                }
+              }
+            std::vector<float> C2(C.size(), c0);
+            sgemm_bf16(native, ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C2.data(), ldc);
+            for (size_t i = 0; i < C.size(); ++i) {
+              if (!std::isnan(C[i])) {
+                ASSERT_EQ(C[i], C2[i]) << "not the same bits at " << i;
+              }
+            }
+          }
+}
+
+// The scope: sgemm inside a Bf16Matmul is sgemm_bf16 on this CPU's path; outside it, float32 again;
+// BatchInvariantGemm takes precedence where both live.
+TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> n;
+  const int64_t M = 40, N = 33, K = 70;
+  std::vector<float> A(M * K), B(N * K);
+  for (float& x : A) x = n(rng);
+  for (float& x : B) x = n(rng);
+  std::vector<float> f32(M * N), in_scope(M * N), twin(M * N), invariant(M * N), both(M * N);
+  sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, f32.data(), N);
+  sgemm_bf16(bf16_gemm_native(), false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, twin.data(), N);
+  EXPECT_FALSE(Bf16Matmul::active());
+  {
+    Bf16Matmul scope;
+    EXPECT_TRUE(Bf16Matmul::active());
+    sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, in_scope.data(), N);
+    BatchInvariantGemm inv;
+    sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, both.data(), N);
+  }
+  EXPECT_FALSE(Bf16Matmul::active());
+  {
+    BatchInvariantGemm inv;
+    sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, invariant.data(), N);
+  }
+  EXPECT_EQ(in_scope, twin);
+  EXPECT_NE(in_scope, f32);
+  EXPECT_EQ(both, invariant);
+  std::vector<float> again(M * N);
+  sgemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, again.data(), N);
+  EXPECT_EQ(again, f32);
+}
+
 TEST(Gemm, BetaZeroIgnoresWhatCHeldAndLdcIsRespected) {
   // Outputs are allocated uninitialised and written with beta = 0: whatever C held (NaN here)
   // must not reach the result, as in the BLAS. C is a window of a wider array (ldc > N): the

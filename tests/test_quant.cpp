@@ -176,6 +176,14 @@ TEST(Quant, Bf16RoundingOfManyValuesIsTheOneValueRounding) {
   std::vector<uint16_t> got(x.size());
   f32_to_bf16_n(x.data(), got.data(), static_cast<int64_t>(x.size()));
   for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i], f32_to_bf16(x[i])) << "value " << i << ": " << x[i];
+  // each ISA's vector loop, with every tail length
+  for (const auto& [name, k] : tables())
+    for (const int64_t n : {int64_t{100000}, int64_t{16}, int64_t{15}, int64_t{17}, int64_t{31}, int64_t{1}}) {
+      std::fill(got.begin(), got.end(), uint16_t{0xdead});
+      k.round_bf16(x.data() + 3, got.data(), n);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], f32_to_bf16(x[i + 3])) << name << ", n " << n << ", value " << i;
+      ASSERT_EQ(got[n], 0xdead) << name << ": wrote past n = " << n;
+    }
 }
 
 TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {

@@ -22,7 +22,7 @@ namespace {
 
 struct TrainBenchOptions {
   std::string model = "gpt2-small";
-  std::string config;
+  std::string config, precision = "f32";
   int64_t batch = 4, seq = 256;
   int steps = 6, warmup = 1;
   bool json = false;
@@ -110,6 +110,7 @@ int run_bench_train(const TrainBenchOptions& o) {
   TrainConfig tc;
   tc.schedule.lr = 1e-4;
   tc.clip_norm = 1.0;
+  tc.precision = parse_precision(o.precision, "--precision");
   Trainer trainer(model, tc);
   Rng rng(7);
   const bool encdec = cfg.arch == Arch::EncoderDecoder;
@@ -162,6 +163,7 @@ int run_bench_train(const TrainBenchOptions& o) {
   if (o.json) {
     nlohmann::json j = {{"model", name},          {"parameters", model.num_parameters()},
                         {"batch", o.batch},       {"seq", o.seq},
+                        {"precision", o.precision}, {"bf16_native", bf16_gemm_native()},
                         {"steps", o.steps},       {"threads", num_threads()},
                         {"s_per_step", per_step}, {"best_s_per_step", best},
                         {"tokens_per_s", tokens / per_step},
@@ -171,9 +173,12 @@ int run_bench_train(const TrainBenchOptions& o) {
     return 0;
   }
   const BlasInfo bi = blas_info();
-  std::printf("qkv bench train: %s, %lld parameters, batch %lld x %lld tokens, %d threads, GEMM %s\n",
+  std::printf("qkv bench train: %s, %lld parameters, batch %lld x %lld tokens, %d threads, GEMM %s, %s products%s\n",
               name.c_str(), static_cast<long long>(model.num_parameters()), static_cast<long long>(o.batch),
-              static_cast<long long>(o.seq), num_threads(), bi.gemm.c_str());
+              static_cast<long long>(o.seq), num_threads(), bi.gemm.c_str(), o.precision.c_str(),
+              o.precision == "bf16" ? (bf16_gemm_native() ? " (bf16 dot products)" : " (no bf16 dot products on this CPU: "
+                                                                                      "rounded, then float32 products)")
+                                    : "");
   std::printf("  step (fwd + bwd + AdamW): mean %.3f s, best %.3f s over %d steps (after %d warmup)\n", per_step, best,
               o.steps, o.warmup);
   std::printf("  throughput: %.1f tokens/s%s\n", tokens / per_step, encdec ? " (target tokens; as many source tokens)" : "");
@@ -197,6 +202,9 @@ Runner add_bench_train(CLI::App& bench) {
       ->transform(whole(1, 1 << 20));
   c->add_option("--steps", o->steps, "Timed steps")->transform(whole(1, 1000000));
   c->add_option("--warmup", o->warmup, "Untimed steps first")->transform(whole(0, 1000000));
+  c->add_option("--precision", o->precision,
+                 "Matrix products in f32, or bf16 (inputs rounded to bfloat16, sums in float32; as qkv train --precision)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   c->add_flag("--json", o->json, "Print JSON");
   return [o] { return run_bench_train(*o); };
 }

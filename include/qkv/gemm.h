@@ -37,6 +37,23 @@ class BatchInvariantGemm {
   static bool active();
 };
 
+// While an object of this class lives, sgemm on the constructing thread multiplies in bfloat16, as
+// torch.set_float32_matmul_precision("medium") (or autocast to bfloat16) does to a float32 matmul:
+// A and B are rounded to bfloat16 (nearest even; NaN and infinity kept), their products are exact in
+// float32 and summed in float32, then alpha and beta apply as usual. On a CPU with bf16 dot
+// products (bf16_gemm_native()) this runs on oneDNN's bf16 matmul, about twice float32's rate;
+// elsewhere the rounded values go through the float32 product (the same products, the sums in
+// another order, no faster). Training's --precision bf16 (TrainConfig::precision) runs its
+// forward and backward passes inside one. BatchInvariantGemm, where both live, takes precedence.
+class Bf16Matmul {
+ public:
+  Bf16Matmul();
+  ~Bf16Matmul();
+  Bf16Matmul(const Bf16Matmul&) = delete;
+  Bf16Matmul& operator=(const Bf16Matmul&) = delete;
+  static bool active();  // whether one lives on this thread
+};
+
 struct BlasInfo {
   std::string gemm;      // the library behind sgemm for more than one row, e.g. "oneDNN 2.6.3"
   std::string library;   // "OpenBLAS 0.3.21 ..." (single-row products)

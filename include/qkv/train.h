@@ -20,7 +20,17 @@
 
 namespace qkv {
 
+// The arithmetic of a training step's matrix products (every linear layer, forward and backward).
+// BF16: their inputs rounded to bfloat16, products summed in float32 (qkv::Bf16Matmul, on the CPU's
+// bf16 dot products where it has them); the master weights, gradients, AdamW's moments, attention,
+// norms, losses and reductions stay float32. F32: everything float32.
+enum class Precision { F32, BF16 };
+const char* precision_name(Precision p);  // "f32", "bf16"
+// "f32" or "bf16"; anything else is an error naming `what`.
+Precision parse_precision(const std::string& s, const std::string& what);
+
 struct TrainConfig {
+  Precision precision = Precision::F32;
   Schedule schedule;              // learning rate per step
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.01;     // applied to Parameter::decay parameters only (see decay_all)
@@ -99,7 +109,9 @@ class Trainer {
   int64_t reducer_bytes_ = 0;
 };
 
-// The model config stored in a checkpoint (to build the Model before load_checkpoint).
+// The model config stored in a checkpoint (to build the Model before load_checkpoint), and the
+// precision it trains in (F32 for checkpoints older than the setting); both read the header only.
 ModelConfig checkpoint_model_config(const std::string& path);
+Precision checkpoint_precision(const std::string& path);
 
 }  // namespace qkv

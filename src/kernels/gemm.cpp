@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
+#include "kernels/quant.h"
 #include "kernels/train_isa.h"
 #include "qkv/cpu.h"
 #include "qkv/parallel.h"
@@ -38,6 +40,7 @@ namespace qkv {
 
 namespace {
 thread_local int g_batch_invariant = 0;
+thread_local int g_bf16 = 0;
 constexpr int64_t kInvariantMaxRows = 64;
 constexpr int64_t kInvariantColumns = 64;  // columns per task: a fixed split, whatever M or the threads
 }  // namespace
@@ -45,6 +48,87 @@ constexpr int64_t kInvariantColumns = 64;  // columns per task: a fixed split, w
 BatchInvariantGemm::BatchInvariantGemm() { ++g_batch_invariant; }
 BatchInvariantGemm::~BatchInvariantGemm() { --g_batch_invariant; }
 bool BatchInvariantGemm::active() { return g_batch_invariant > 0; }
+
+Bf16Matmul::Bf16Matmul() { ++g_bf16; }
+Bf16Matmul::~Bf16Matmul() { --g_bf16; }
+bool Bf16Matmul::active() { return g_bf16 > 0; }
+
+namespace {
+
+// C (M, N) = alpha A B + beta C on oneDNN's bf16 matmul: A (M, K) and B (K, N) bfloat16 with the
+// element strides given (so either may be a transposed view), C float32 with row stride ldc. beta
+// = 0 overwrites C (what it held never reaches the result). oneDNN keeps a cache of primitives by
+// descriptor, so a shape seen before costs a lookup, not a new kernel.
+void bf16_matmul(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t a_row, int64_t a_col,
+                 const uint16_t* B, int64_t b_row, int64_t b_col, float beta, float* C, int64_t ldc) {
+  try {
+    using dt = dnnl::memory::data_type;
+    static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const dnnl::memory::desc a({M, K}, dt::bf16, dnnl::memory::dims{a_row, a_col});
+    const dnnl::memory::desc b({K, N}, dt::bf16, dnnl::memory::dims{b_row, b_col});
+    const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops po;
+      po.append_sum(beta);
+      attr.set_post_ops(po);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, eng);
+    const dnnl::matmul mm(pd);
+    dnnl::stream st(eng);
+    dnnl::memory ma(a, eng, const_cast<uint16_t*>(A)), mb(b, eng, const_cast<uint16_t*>(B)), mc(c, eng, C);
+    mm.execute(st, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    st.wait();
+  } catch (const dnnl::error& e) {
+    fail("gemm_bf16: oneDNN's matmul failed (", e.what(), ", status ", static_cast<int>(e.status), ") for M=", M,
+         " N=", N, " K=", K);
+  }
+}
+
+// X (rows, cols; row stride ld) rounded to bfloat16 into out (rows x cols, packed).
+void round_rows_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (rows * cols >= (int64_t{1} << 15))
+  for (int64_t r = 0; r < rows; ++r) kernels::f32_to_bf16_n(X + r * ld, out + r * cols, cols);
+}
+
+}  // namespace
+
+// sgemm under Bf16Matmul: A and B rounded to bfloat16 as stored (packed copies, kept per thread
+// for the next call), then multiplied on bf16 dot products (native), or widened back to float32
+// for the float32 product.
+void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  check(M >= 0 && N >= 0 && K >= 0, "sgemm (bf16): negative size M=", M, " N=", N, " K=", K);
+  check(!native || bf16_gemm_native(), "sgemm (bf16): this CPU has no bfloat16 dot-product instructions");
+  if (M == 0 || N == 0) return;
+  // A is stored (M, K), or transposed (K, M); B (K, N), or transposed (N, K)
+  const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  thread_local std::vector<uint16_t> a16, b16;
+  if (a16.size() < static_cast<size_t>(a_rows * a_cols)) a16.resize(static_cast<size_t>(a_rows * a_cols));
+  if (b16.size() < static_cast<size_t>(b_rows * b_cols)) b16.resize(static_cast<size_t>(b_rows * b_cols));
+  round_rows_bf16(A, a_rows, a_cols, lda, a16.data());
+  round_rows_bf16(B, b_rows, b_cols, ldb, b16.data());
+  if (native && K > 0) {
+    // element strides of the (M, K) and (K, N) views of the packed copies
+    bf16_matmul(M, N, K, alpha, a16.data(), trans_a ? 1 : a_cols, trans_a ? a_cols : 1, b16.data(),
+                trans_b ? 1 : b_cols, trans_b ? b_cols : 1, beta, C, ldc);
+    return;
+  }
+  thread_local std::vector<float> a32, b32;
+  a32.resize(a16.size());
+  b32.resize(b16.size());
+  const int64_t na = a_rows * a_cols, nb = b_rows * b_cols;
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (na >= (int64_t{1} << 15))
+  for (int64_t i = 0; i < na; ++i) a32[static_cast<size_t>(i)] = kernels::bf16_to_f32(a16[static_cast<size_t>(i)]);
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (nb >= (int64_t{1} << 15))
+  for (int64_t i = 0; i < nb; ++i) b32[static_cast<size_t>(i)] = kernels::bf16_to_f32(b16[static_cast<size_t>(i)]);
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a32.data(), a_cols,
+                                      b32.data(), b_cols, beta, C, ldc);
+  check(st == dnnl_success, "sgemm (bf16): oneDNN's dnnl_sgemm failed (status ", static_cast<int>(st), ") for M=", M,
+        " N=", N, " K=", K);
+}
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -59,6 +143,10 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       const int64_t j0 = blk * kInvariantColumns, j1 = std::min(N, j0 + kInvariantColumns);
       k.dot_rows(A, lda, M, B, ldb, j0, j1, K, alpha, beta, C, ldc);
     }
+    return;
+  }
+  if (g_bf16 > 0) {
+    sgemm_bf16(bf16_gemm_native(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
   if (M == 1 && K > 0) {
@@ -106,24 +194,8 @@ void gemm_bf16_nt(int64_t M, int64_t N, int64_t K, const uint16_t* A, int64_t ld
     for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
-  // Descriptors with strides: A (M, K), B^T as a (K, N) view of B, C (M, N). oneDNN keeps a cache of
-  // primitives by descriptor, so a shape seen before costs a lookup, not a new kernel.
-  try {
-    using dt = dnnl::memory::data_type;
-    static const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
-    const dnnl::memory::desc a({M, K}, dt::bf16, dnnl::memory::dims{lda, 1});
-    const dnnl::memory::desc b({K, N}, dt::bf16, dnnl::memory::dims{1, ldb});
-    const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
-    const dnnl::matmul mm(pd);
-    dnnl::stream st(eng);
-    dnnl::memory ma(a, eng, const_cast<uint16_t*>(A)), mb(b, eng, const_cast<uint16_t*>(B)), mc(c, eng, C);
-    mm.execute(st, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-    st.wait();
-  } catch (const dnnl::error& e) {
-    fail("gemm_bf16: oneDNN's matmul failed (", e.what(), ", status ", static_cast<int>(e.status), ") for M=", M,
-         " N=", N, " K=", K);
-  }
+  // A (M, K) with row stride lda; B^T as a (K, N) view of B (N, K)
+  bf16_matmul(M, N, K, 1.0f, A, lda, 1, B, 1, ldb, 0.0f, C, ldc);
 }
 
 std::string blas_fallback_advice(const std::string& c, bool cpu_avx2, bool cpu_avx512) {

@@ -207,14 +207,9 @@ uint16_t f32_to_bf16(float f) {
 // The same rounding over n values, written without branches so that it vectorises (prompts round
 // their activations and dequantised tiles through it).
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void f32_to_bf16_n(const float* __restrict x, uint16_t* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, sizeof bits);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t quiet = (bits >> 16) | 0x40u;
-    out[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-  }
+void f32_to_bf16_n(const float* x, uint16_t* out, int64_t n) {
+  static const QuantIsa k = quant_isa(active_isa());
+  k.round_bf16(x, out, n);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,7 +430,7 @@ bool cpu_has_avx512_vnni() {
 }
 
 QuantIsa quant_isa(Isa isa) {
-#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, v}
+#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, v}
   switch (isa) {
     case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni());
     case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false);

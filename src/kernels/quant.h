@@ -115,6 +115,7 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
                  const int32_t* corr, int64_t nb, float* y, bool vnni);                            \
   float dot_f16(const uint16_t* w, const float* x, int64_t K);                                     \
   float dot_bf16(const uint16_t* w, const float* x, int64_t K);                                    \
+  void round_bf16(const float* x, uint16_t* out, int64_t n);                                       \
   }
 QKV_DECLARE_QUANT_ISA(generic)
 QKV_DECLARE_QUANT_ISA(avx2)
@@ -130,6 +131,7 @@ struct QuantIsa {
                     bool);
   float (*dot_f16)(const uint16_t*, const float*, int64_t);
   float (*dot_bf16)(const uint16_t*, const float*, int64_t);
+  void (*round_bf16)(const float*, uint16_t*, int64_t);  // f32_to_bf16_n, compiled for the ISA
   bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)
 };
 

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
 #include "kernels/adamw.h"
 #include "qkv/error.h"
+#include "qkv/gemm.h"
 #include "qkv/parallel.h"
 #include "qkv/safetensors.h"
 
@@ -44,6 +46,14 @@ json schedule_json(const Schedule& s) {
 }
 
 }  // namespace
+
+const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+
+Precision parse_precision(const std::string& s, const std::string& what) {
+  if (s == "f32") return Precision::F32;
+  if (s == "bf16") return Precision::BF16;
+  fail(what, ": '", s, "' is not a training precision; expected f32 or bf16");
+}
 
 // Data parallelism's gradient buckets, summed over the ranks while the backward pass runs (as
 // PyTorch DDP does). The parameters, in reverse order (the order backward finishes them), are cut
@@ -167,6 +177,9 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   for (Parameter& p : params) p.var->zero_grad();
   StepReport r;
   r.step = step_ + 1;
+  // --precision bf16: the forward and backward passes' matrix products in bfloat16
+  std::optional<Bf16Matmul> bf16;
+  if (config_.precision == Precision::BF16) bf16.emplace();
   const float inv = 1.0f / static_cast<float>(micro.size());
   // a rank's micro-batch k is part rank + k of the global batch: its dropout stream is that part's
   const uint64_t first = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
@@ -316,7 +329,8 @@ void Trainer::save_checkpoint(const std::string& path, const std::string& data_s
   uint64_t spare_bits = 0;
   std::memcpy(&spare_bits, &s.spare, sizeof spare_bits);
   rng["spare_bits"] = spare_bits;
-  json train = {{"step", step_},
+  json train = {{"precision", precision_name(config_.precision)},
+                {"step", step_},
                 {"updates", updates_},
                 {"schedule", schedule_json(config_.schedule)},
                 {"beta1", config_.beta1},
@@ -349,10 +363,27 @@ json meta_json(const SafetensorsFile& f, const std::string& key, const std::stri
 }  // namespace
 
 ModelConfig checkpoint_model_config(const std::string& path) {
-  SafetensorsFile f = read_safetensors(path);
-  auto it = f.metadata.find("config");
-  check(f.metadata.count("qkv_checkpoint") && it != f.metadata.end(), path, ": not a qkv checkpoint");
+  const SafetensorsReader f(path);
+  auto it = f.metadata().find("config");
+  check(f.metadata().count("qkv_checkpoint") && it != f.metadata().end(), path, ": not a qkv checkpoint");
   return ModelConfig::from_json(it->second, path + " (config)");
+}
+
+Precision checkpoint_precision(const std::string& path) {
+  const SafetensorsReader f(path);
+  check(f.metadata().count("qkv_checkpoint"), path, ": not a qkv checkpoint");
+  auto it = f.metadata().find("train");
+  check(it != f.metadata().end(), path, ": not a qkv checkpoint (metadata \"train\" is missing)");
+  json train;
+  try {
+    train = json::parse(it->second);
+  } catch (const json::exception& e) {
+    throw Error(detail::concat(path, ": checkpoint metadata \"train\" is not valid JSON: ", e.what()));
+  }
+  if (!train.is_object() || !train.contains("precision")) return Precision::F32;
+  check(train.at("precision").is_string(), path, ": checkpoint \"precision\" is ", train.at("precision").dump(),
+        "; expected \"f32\" or \"bf16\"");
+  return parse_precision(train.at("precision").get<std::string>(), path + ": checkpoint \"precision\"");
 }
 
 std::string Trainer::load_checkpoint(const std::string& path) { return load_checkpoint(read_safetensors(path), path); }
@@ -414,6 +445,12 @@ std::string Trainer::load_checkpoint(const SafetensorsFile& f, const std::string
     cfg.label_smoothing = train.at("label_smoothing").get<float>();
     // (absent from checkpoints written before it existed: those averaged micro-batch means)
     if (train.contains("token_mean")) cfg.token_mean = train.at("token_mean").get<bool>();
+    // (likewise: those trained in float32)
+    if (train.contains("precision")) {
+      check(train.at("precision").is_string(), path, ": checkpoint \"precision\" is ", train.at("precision").dump(),
+            "; expected \"f32\" or \"bf16\"");
+      cfg.precision = parse_precision(train.at("precision").get<std::string>(), path + ": checkpoint \"precision\"");
+    }
     check(train.at("seed").is_number_unsigned(), path, ": checkpoint \"seed\" is ", train.at("seed").dump(),
           "; expected an integer in [0, 2^64)");
     cfg.seed = train.at("seed").get<uint64_t>();

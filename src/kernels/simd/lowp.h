@@ -270,6 +270,51 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
 #endif
 }
 
+// kernels::f32_to_bf16 on each of n values, bit for bit: (bits + 0x7fff + lsb) >> 16 rounds to
+// nearest even (and overflows to infinity); a NaN keeps its top half with the quiet bit set.
+inline uint16_t round_bf16_one(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+}
+inline void round_bf16(const float* x, uint16_t* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BW__)
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1), quiet = _mm512_set1_epi32(0x40),
+                magnitude = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i b = _mm512_loadu_si512(x + i), top = _mm512_srli_epi32(b, 16);
+    const __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, bias), _mm512_and_si512(top, one)), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, magnitude), inf);
+    const __m512i v = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(top, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(v));
+  }
+#elif defined(__AVX2__)
+  const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(0x40),
+                magnitude = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  for (; i + 16 <= n; i += 16) {
+    __m256i v[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i + 8 * h));
+      const __m256i top = _mm256_srli_epi32(b, 16);
+      const __m256i r =
+          _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, bias), _mm256_and_si256(top, one)), 16);
+      // magnitudes are below 2^31: the signed comparison is the unsigned one
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, magnitude), inf);
+      v[h] = _mm256_blendv_epi8(r, _mm256_or_si256(top, quiet), nan);
+    }
+    // every value fits 16 bits, so the saturating pack is exact; it interleaves 128-bit lanes
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v[0], v[1]), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), packed);
+  }
+#endif
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    out[i] = round_bf16_one(bits);
+  }
+}
+
 }  // namespace QKV_ISA
 }  // namespace qkv::simd
 
