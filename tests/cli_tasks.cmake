@@ -68,6 +68,36 @@ expect_contains("${out}" "tok:13a" "eval prints the BLEU signature")
 # --- language model: SentencePiece trained on the data, generate, eval perplexity
 run_qkv(0 out err train --task lm --data "${w}/text.txt" --out "${w}/lm" --vocab 300 --max-len 16 --steps 3
         --max-tokens 128)
+# --precision bf16: named at the start, kept in train.json and the checkpoint, kept on --resume
+# (which refuses another --precision); qkv plot draws both runs' curves in one chart
+run_qkv(0 out err train --task lm --data "${w}/text.txt" --out "${w}/lm16" --vocab 300 --max-len 16 --steps 3
+        --max-tokens 128 --eval-every 2 --precision bf16)
+expect_contains("${err}" "bf16" "train --precision bf16 names its products")
+file(READ "${w}/lm16/train.json" tj)
+expect_contains("${tj}" "\"precision\": \"bf16\"" "train.json records the precision")
+run_qkv(0 out err train --out "${w}/lm16" --resume --steps 5)
+expect_contains("${err}" "bf16" "--resume keeps the checkpoint's precision")
+expect_contains("${out}" "trained 5 steps" "train --resume in bf16")
+expect_error("resume with another precision" "--precision would be ignored" train --out "${w}/lm16" --resume --steps 6
+             --precision f32)
+expect_error("unknown precision" "--precision" train --task lm --data "${w}/text.txt" --out "${w}/lm17" --precision fp16)
+run_qkv(0 out err plot "float32=${w}/lm" "${w}/lm16" --out "${w}/runs.svg" --smooth 2 --title "f32 against bf16")
+expect_contains("${out}" "wrote ${w}/runs.svg: 4 curves from 2 runs" "plot")
+file(READ "${w}/runs.svg" svg)
+foreach(needle "<svg" "float32 (train)" "float32 (validation)" "lm16 (train)" "lm16 (validation)" "f32 against bf16")
+  expect_contains("${svg}" "${needle}" "plot's chart")
+endforeach()
+file(WRITE "${w}/train_only.jsonl" "{\"step\": 1, \"loss\": 2.5}\n\n{\"step\": 2, \"loss\": null}\n")
+run_qkv(0 out err plot "${w}/train_only.jsonl" --out "${w}/one.svg" --what train --linear)
+expect_error("plot: a run without validation losses" "no validation losses" plot "${w}/train_only.jsonl"
+             --out "${w}/x.svg")
+file(WRITE "${w}/bad_metrics.jsonl" "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 0, \"loss\": 1}\n")
+expect_error("plot: a bad metrics line" "bad_metrics.jsonl line 2: expected an object with an integer \"step\" >= 1"
+             plot "${w}/bad_metrics.jsonl" --out "${w}/x.svg")
+expect_error("plot: a missing run" "nowhere" plot "${w}/nowhere" --out "${w}/x.svg")
+if(EXISTS "${w}/x.svg")
+  message(FATAL_ERROR "plot wrote ${w}/x.svg although it failed")
+endif()
 run_qkv(0 out err tokenize --model "${w}/lm" --text "one two three")
 expect_contains("${out}" "tokens:" "tokenize")
 run_qkv(0 a err generate --model "${w}/lm" --prompt "one two" --max-len 6 --sample --seed 5 --top-k 20)

@@ -30,5 +30,6 @@ Runner add_tour(CLI::App& app);     // the chapter's claims in the terminal
 Runner add_eval(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_data(CLI::App& app);
+Runner add_plot(CLI::App& app);  // loss curves of runs side by side
 
 }  // namespace qkv::cli

@@ -178,6 +178,7 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_eval(app));
   runners.push_back(qkv::cli::add_tokenize(app));
   runners.push_back(qkv::cli::add_data(app));
+  runners.push_back(qkv::cli::add_plot(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
