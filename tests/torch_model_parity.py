@@ -26,6 +26,11 @@ directory, and on the same batch (token ids saved with numpy):
                projection / feed-forward / head weights): all 10 losses within 1e-4 relative;
                and once more with the default groups and weight decay 1, where decaying the
                wrong set of parameters would move the losses far beyond the tolerance.
+  * bf16       `qkv forward --precision bf16 --grads` and `qkv fit --precision bf16` against the
+               torch model whose every F.linear rounds its products' inputs to bfloat16 (forward
+               and both backward products; Bf16Linear): logits and each gradient by relative L2
+               norm, at most half float32's distance from that reference (where no rounding
+               flipped, about 1e-5 of float32's 2e-3); ten training losses within 2e-3 relative.
 
 Cases: (1) nn.Transformer post-norm, relu, sinusoidal positions (scaled embeddings),
 encoder-decoder with padded sources and padded targets; (2) nn.Transformer pre-norm, gelu, learned
@@ -67,6 +72,8 @@ GRAD_TOL = 1e-3
 GRAD_FLOOR = 1e-6
 LOSS_TOL = 1e-5
 TRAIN_TOL = 1e-4
+TRAIN_BF16_TOL = 2e-3
+BF16_SHARE = 0.5
 STEPS, LR, WD, BETAS, EPS = 10, 1e-3, 0.01, (0.9, 0.999), 1e-8
 STRONG_WD = 1.0  # a third run, default groups: makes the choice of decayed parameters visible
 # qkv's Parameter::decay set: the projection, feed-forward and head weights.
@@ -453,6 +460,42 @@ def torch_train(case, decay_all, wd=WD):
     return np.array(losses)
 
 
+def bf16_round(t):
+    return t.to(torch.bfloat16).to(torch.float32)
+
+
+class Bf16Linear(torch.autograd.Function):
+    """F.linear as qkv's --precision bf16 computes it: every product's inputs rounded to bfloat16
+    (nearest even), sums in float32, in the forward pass (x W^T) and in both backward products
+    (dy W and dy^T x); the bias and its gradient in float32."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        y = bf16_round(x) @ bf16_round(w).t()
+        return y + b if b is not None else y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dyr = bf16_round(dy)
+        dx = dyr @ bf16_round(w)
+        dw = dyr.reshape(-1, dy.shape[-1]).t() @ bf16_round(x).reshape(-1, x.shape[-1])
+        db = dy.reshape(-1, dy.shape[-1]).sum(0) if ctx.has_bias else None
+        return dx, dw, db
+
+
+def torch_train_bf16(case, decay_all, wd=WD):
+    """torch_train with every F.linear (nn.Linear and nn.MultiheadAttention's projections) as Bf16Linear."""
+    plain = F.linear
+    F.linear = lambda x, w, b=None: Bf16Linear.apply(x, w, b)
+    try:
+        return torch_train(case, decay_all, wd)
+    finally:
+        F.linear = plain
+
+
 def torch_attention(case, dtype=torch.float32):
     """Every nn.MultiheadAttention's weights per head on the case's batch, named as qkv's
     `forward --attention` files: {"encoder.0.self": (B, H, Tq, Tk), ...}."""
@@ -606,6 +649,64 @@ def run_model_case(case, runner, rep, verbose):
             other = torch_train(case, True, wd)
             extra = f"  (loss {t[0]:.4f} -> {t[-1]:.4f}; decay-all: {np.max(np.abs(other - t) / np.abs(t)):.2g} off)"
         rep.bound(f"{name}/train-{label}", e, TRAIN_TOL, extra)
+
+    # --precision bf16 against the same model whose linear layers round their products' inputs to
+    # bfloat16 (Bf16Linear). Both sum in float32 in different orders, and a sum that lands on the
+    # other side of a bfloat16 rounding boundary moves that value by 2^-8 relative; once one value
+    # differs, later roundings flip more often, so the two drift apart through the layers (a
+    # largest-element bound would be meaningless). The logits and every gradient are compared by
+    # relative L2 norm, ||qkv - ref|| / ||ref||, against float32's distance from the same reference
+    # (the rounding's own effect): qkv must be at most BF16_SHARE of it. Where no rounding flipped,
+    # qkv is 1e-5 or less from the reference and float32 about 2e-3; the line shows both.
+    bdir = os.path.join(d, "grads_bf16")
+    blogits = os.path.join(d, "logits_bf16.npy")
+    rc, out, err = runner.run(["forward", "--model", mdir] + bargs + ["--out", blogits, "--grads", bdir,
+                                                                     "--precision", "bf16"])
+    if not rep.add(f"{name}/forward-bf16", rc == 0, runner.short(out), [] if rc == 0 else [f"exit {rc}: {err.strip()}"]):
+        return
+    plain = F.linear
+    F.linear = lambda x, w, b=None: Bf16Linear.apply(x, w, b)
+    try:
+        mb = copy.deepcopy(case.model).train()
+        b_logits, b_loss = case.torch_loss(mb, tb)
+        b_loss.backward()
+    finally:
+        F.linear = plain
+    rel = lambda a, b: float(np.linalg.norm((a - b).ravel()) / max(np.linalg.norm(b.ravel()), 1e-30))
+    b_logits = b_logits.detach().numpy()
+    v = case.valid
+    q_b = np.load(blogits)
+    e, f32_off = rel(q_b[v], b_logits[v]), rel(t_logits[v], b_logits[v])
+    ok = e <= BF16_SHARE * f32_off
+    rep.add(f"{name}/logits-bf16", ok, f"rel L2 {e:.3g}; float32's {f32_off:.3g} (at most {BF16_SHARE:g} of it)",
+            [] if ok else [f"err {e:.3g} > {BF16_SHARE:g} x float32's {f32_off:.3g}"])
+    problems, worst, worst_name = [], -1.0, ""
+    for n, p in mb.named_parameters():
+        ref = p.grad.numpy() if p.grad is not None else np.zeros(p.shape, np.float32)
+        if not np.any(ref):
+            continue
+        e = rel(np.load(os.path.join(bdir, n + ".npy")), ref)
+        off = rel(t_grads[n], ref)
+        if not (e <= BF16_SHARE * off):
+            problems.append(f"{n}: rel L2 {e:.3g} > {BF16_SHARE:g} x float32's {off:.3g}")
+        if not (e / off <= worst):
+            worst, worst_name = e / off, f"{n}: {e:.3g} against float32's {off:.3g}"
+    rep.add(f"{name}/grads-bf16", not problems, f"worst share of float32's distance {worst:.3g} ({worst_name})",
+            problems)
+
+    # and ten training steps follow the reference's losses (summation order compounding over steps)
+    lpath = os.path.join(d, "losses_bf16.npy")
+    rc, out, err = runner.run(["fit", "--model", mdir] + bargs + ["--steps", STEPS, "--lr", LR, "--weight-decay", WD,
+                                                                  "--beta1", BETAS[0], "--beta2", BETAS[1], "--eps",
+                                                                  EPS, "--decay-all", "--precision", "bf16",
+                                                                  "--losses", lpath])
+    if rc != 0:
+        rep.add(f"{name}/train-bf16", False, "", [f"exit {rc}: {err.strip()}"])
+        return
+    q = np.load(lpath)
+    t = torch_train_bf16(case, True)
+    e = float(np.max(np.abs(q - t) / np.abs(t)))
+    rep.bound(f"{name}/train-bf16", e, TRAIN_BF16_TOL, f"  (loss {t[0]:.4f} -> {t[-1]:.4f})")
 
 
 def raw_transformer_case(runner, rep):

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -140,7 +141,7 @@ int run_import(const ImportOptions& o) {
 // ---- forward -------------------------------------------------------------------------------------
 
 struct ForwardCmd {
-  std::string model, out, grads, generated, attention, dtype;
+  std::string model, out, grads, generated, attention, dtype, precision = "f32";
   BatchFiles batch;
   float label_smoothing = 0;
   int64_t generate = 0;
@@ -202,6 +203,12 @@ int run_forward(const ForwardCmd& o) {
         " is a classifier; it generates nothing");
   if (!o.generated.empty()) check(fs::is_directory(fs::absolute(o.generated).parent_path()), "--generated ",
                                   o.generated, ": the directory does not exist");
+  check(o.precision == "f32" || m.weight_type() == WType::F32, "--precision ", o.precision, " is for float32 weights: ",
+        o.model, " holds weights packed to ", wtype_name(m.weight_type()), " (their products have their own arithmetic)");
+  // --precision bf16: the logits and the gradients as a training step of qkv train --precision bf16
+  // computes them
+  std::optional<Bf16Matmul> bf16;
+  if (parse_precision(o.precision, "--precision") == Precision::BF16) bf16.emplace();
   Tape tape;
   tape.recording = !o.grads.empty();
   Var logits = m.logits(tape, b);
@@ -371,6 +378,7 @@ struct TrainCmd {
   int64_t warmup = 0, total = 0;
   double min_lr = 0;
   int64_t accumulate = 1;
+  std::string precision = "f32";
 };
 
 int run_train(TrainCmd& o) {
@@ -380,6 +388,7 @@ int run_train(TrainCmd& o) {
   o.cfg.schedule.warmup = o.warmup;
   o.cfg.schedule.total = o.total > 0 ? o.total : o.steps;
   o.cfg.schedule.min_lr = o.min_lr;
+  o.cfg.precision = parse_precision(o.precision, "--precision");
   Trainer trainer(m, o.cfg);
   // A resumed run continues with the checkpoint's own settings (schedule, AdamW, clipping, seed).
   if (!o.resume.empty()) trainer.load_checkpoint(o.resume);
@@ -452,6 +461,10 @@ Runner add_forward(CLI::App& app) {
   o->batch.add(c, false);
   c->add_option("--out", o->out, "Write the logits here (.npy)");
   c->add_option("--grads", o->grads, "Write d(loss)/d(parameter) as <name>.npy into this directory (needs --target)");
+  c->add_option("--precision", o->precision,
+                "The logits and gradients' matrix products: f32, or bf16 as qkv train --precision bf16 computes them "
+                "(float32 weights only)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--label-smoothing", o->label_smoothing, "Label smoothing of the loss")->transform(finite(0, 1));
   c->add_option("--generate", o->generate,
                 "Also decode N tokens greedily with the key/value cache from each row of --input (encoder-decoder: "
@@ -516,6 +529,10 @@ Runner add_fit(CLI::App& app) {
       ->transform(whole(1, int64_t{1} << 20));
   c->add_option("--label-smoothing", o->cfg.label_smoothing, "Label smoothing")->transform(finite(0, 1));
   c->add_option("--seed", o->cfg.seed, "Seed for dropout")->transform(seed_number());
+  c->add_option("--precision", o->precision,
+                "Matrix products: f32, or bf16 (inputs rounded to bfloat16, sums in float32; as qkv train "
+                "--precision). --resume keeps the checkpoint's")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   c->add_option("--losses", o->losses, "Write the loss of every step here (.npy, float64)");
   c->add_option("--checkpoint", o->checkpoint, "Write a checkpoint (weights, optimiser, step, RNG) here at the end");
   c->add_option("--out", o->out, "Write the trained model directory here");
