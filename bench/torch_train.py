@@ -2,7 +2,7 @@
 """PyTorch's training throughput on the shapes of `qkv bench train`, for comparison.
 
 Usage: /usr/bin/python3 bench/torch_train.py --model gpt2-small|transformer-base
-           [--batch 4] [--seq 256] [--steps 6] [--warmup 1] [--threads N] [--json]
+           [--batch 4] [--seq 256] [--steps 6] [--warmup 1] [--threads N] [--autocast-bf16] [--json]
 
 The same models as qkv's presets, built from torch.nn (nn.TransformerEncoderLayer /
 nn.Transformer), trained with torch.optim.AdamW (fused=False, foreach=True: PyTorch 1.13's
@@ -98,6 +98,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="intra-op threads (default: all cores)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--autocast-bf16", action="store_true",
+                    help="run forward and loss under torch.autocast('cpu', dtype=torch.bfloat16) (PyTorch's bf16 "
+                         "mixed precision; float32 master weights and optimiser)")
     ap.add_argument("--keep-denormals", action="store_true",
                     help="do not flush denormals (to measure what flushing is worth; slower)")
     a = ap.parse_args()
@@ -118,8 +121,9 @@ def main():
         y = torch.randint(0, V, (a.batch, a.seq))
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        logits = model(x, torch.randint(0, V, (a.batch, a.seq))) if encdec else model(x)
-        l = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast_bf16):
+            logits = model(x, torch.randint(0, V, (a.batch, a.seq))) if encdec else model(x)
+            l = F.cross_entropy(logits.reshape(-1, V).float(), y.reshape(-1))
         l.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -133,12 +137,13 @@ def main():
     out = {"model": a.model, "parameters": params, "batch": a.batch, "seq": a.seq, "steps": a.steps,
            "threads": torch.get_num_threads(), "s_per_step": per, "best_s_per_step": min(times),
            "tokens_per_s": a.batch * a.seq / per, "peak_rss_mib": peak, "last_loss": loss,
+           "precision": "autocast-bf16" if a.autocast_bf16 else "f32",
            "torch": torch.__version__, "blas_core": blas_corename(), "blas_core_before": OPENBLAS_PICKED, "flush_denormal": not a.keep_denormals}
     if a.json:
         print(json.dumps(out, indent=2))
     else:
         print(f"torch {torch.__version__} bench train: {a.model}, {params} parameters, batch {a.batch} x {a.seq}, "
-              f"{out['threads']} threads, OpenBLAS core {out['blas_core']}")
+              f"{out['threads']} threads, OpenBLAS core {out['blas_core']}, {out['precision']}")
         print(f"  step (fwd + bwd + AdamW): mean {per:.3f} s, best {min(times):.3f} s over {a.steps} steps")
         print(f"  throughput: {out['tokens_per_s']:.1f} tokens/s")
         print(f"  peak resident memory (whole process): {peak:.0f} MiB")

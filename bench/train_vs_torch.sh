@@ -2,7 +2,8 @@
 # Training throughput, qkv against PyTorch, in one run on this machine: the GPT-2-small-shaped
 # decoder and the 2017 base encoder-decoder, batch 4 x 256 tokens, fwd + bwd + AdamW, each in
 # its own process (peak memory is per process).
-# Usage: [ROUNDS=3] [STEPS=6] bench/train_vs_torch.sh [build/qkv]
+# Usage: [ROUNDS=3] [STEPS=6] [TORCH_BF16=1] bench/train_vs_torch.sh [build/qkv]
+# qkv runs in float32 and in bf16 (--precision bf16); PyTorch in float32 and under its bf16 autocast.
 # PyTorch flushes denormals (torch.set_flush_denormal(True)), its fastest setting on the CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,33 +20,52 @@ echo "OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE for both; ISA: $(grep -q avx512f /pro
 ROUNDS=${ROUNDS:-3}
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
-printf '%-6s %-18s %12s %12s %8s %14s %14s\n' round model "qkv tok/s" "torch tok/s" ratio "qkv peak MiB" "torch peak MiB"
+# Each round and model: qkv in float32 and in bf16 (--precision bf16), PyTorch in float32 and
+# under its bf16 autocast (TORCH_BF16=0 leaves that out).
+TORCH_BF16=${TORCH_BF16:-1}
+printf '%-6s %-18s %10s %10s %10s %10s %9s %9s %9s\n' round model "qkv f32" "qkv bf16" "torch f32" "torch bf16" \
+  "bf16/f32" "bf16/t32" "peak MiB"
 for r in $(seq 1 "$ROUNDS"); do
   for m in gpt2-small transformer-base; do
     q=$("$QKV" bench train --model "$m" --steps "$STEPS" --warmup 1 --json)
+    qb=$("$QKV" bench train --model "$m" --steps "$STEPS" --warmup 1 --precision bf16 --json)
     t=$(/usr/bin/python3 bench/torch_train.py --model "$m" --steps "$STEPS" --warmup 1 --threads "$threads" --json 2>/dev/null)
-    /usr/bin/python3 - "$r" "$m" "$q" "$t" "$results" <<'PY'
+    tb=null
+    if [ "$TORCH_BF16" = 1 ]; then
+      tb=$(/usr/bin/python3 bench/torch_train.py --model "$m" --steps "$STEPS" --warmup 1 --threads "$threads" \
+             --autocast-bf16 --json 2>/dev/null)
+    fi
+    /usr/bin/python3 - "$r" "$m" "$q" "$qb" "$t" "$tb" "$results" <<'PY'
 import json, sys
-r, m, q, t, out = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
-ratio = q['tokens_per_s'] / t['tokens_per_s']
-print(f"{r:<6} {m:<18} {q['tokens_per_s']:12.1f} {t['tokens_per_s']:12.1f} {ratio:7.2f}x "
-      f"{q['peak_rss_mib']:14.0f} {t['peak_rss_mib']:14.0f}   (qkv {q['est_gflops']:.0f} GFLOP/s = "
-      f"{100 * q['est_gflops'] / q['gemm_ceiling_gflops']:.0f}% of {q['gemm_ceiling_gflops']:.0f}; torch {t['threads']} threads, "
-      f"OpenBLAS {t['blas_core']})")
+r, m, q, qb, t, tb, out = sys.argv[1], sys.argv[2], *map(json.loads, sys.argv[3:7]), sys.argv[7]
+tbs = tb['tokens_per_s'] if tb else float('nan')
+print(f"{r:<6} {m:<18} {q['tokens_per_s']:10.1f} {qb['tokens_per_s']:10.1f} {t['tokens_per_s']:10.1f} {tbs:10.1f} "
+      f"{qb['tokens_per_s'] / q['tokens_per_s']:8.2f}x {qb['tokens_per_s'] / t['tokens_per_s']:8.2f}x "
+      f"{q['peak_rss_mib']:.0f}/{qb['peak_rss_mib']:.0f}/{t['peak_rss_mib']:.0f}"
+      f"   (qkv f32 {q['est_gflops']:.0f} GFLOP/s = {100 * q['est_gflops'] / q['gemm_ceiling_gflops']:.0f}% of "
+      f"{q['gemm_ceiling_gflops']:.0f}; bf16 {qb['est_gflops']:.0f}; bf16 dot products: {qb['bf16_native']}; "
+      f"torch {t['threads']} threads, OpenBLAS {t['blas_core']})")
 with open(out, "a") as f:
-    f.write(json.dumps({"model": m, "qkv": q['tokens_per_s'], "torch": t['tokens_per_s'], "ratio": ratio,
-                        "qkv_mib": q['peak_rss_mib'], "torch_mib": t['peak_rss_mib']}) + "\n")
+    f.write(json.dumps({"model": m, "qkv": q['tokens_per_s'], "qkv_bf16": qb['tokens_per_s'], "torch": t['tokens_per_s'],
+                        "torch_bf16": tbs, "qkv_mib": q['peak_rss_mib'], "qkv_bf16_mib": qb['peak_rss_mib'],
+                        "torch_mib": t['peak_rss_mib']}) + "\n")
 PY
   done
 done
 /usr/bin/python3 - "$results" "$ROUNDS" <<'PY'
-import json, statistics, sys
+import json, math, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-print(f"over {sys.argv[2]} rounds (median; lowest ratio; highest peak memory):")
+print(f"over {sys.argv[2]} rounds (medians of tokens/s and of the per-round ratios; highest peak memory):")
 for m in dict.fromkeys(r['model'] for r in rows):
     rs = [r for r in rows if r['model'] == m]
-    med = lambda k: statistics.median(r[k] for r in rs)
-    print(f"  {m:<18} qkv {med('qkv'):7.1f} tok/s  torch {med('torch'):7.1f} tok/s  ratio {med('ratio'):.2f}x "
-          f"(lowest {min(r['ratio'] for r in rs):.2f}x)  peak MiB qkv {max(r['qkv_mib'] for r in rs):.0f}, "
+    med = lambda f: statistics.median(f(r) for r in rs)
+    tb = med(lambda r: r['torch_bf16'])
+    print(f"  {m:<18} qkv f32 {med(lambda r: r['qkv']):6.1f}  qkv bf16 {med(lambda r: r['qkv_bf16']):6.1f}  "
+          f"torch f32 {med(lambda r: r['torch']):6.1f}  torch bf16 {tb:6.1f} tok/s; "
+          f"qkv bf16 / qkv f32 {med(lambda r: r['qkv_bf16'] / r['qkv']):.2f}x, "
+          f"qkv f32 / torch f32 {med(lambda r: r['qkv'] / r['torch']):.2f}x, "
+          f"qkv bf16 / torch f32 {med(lambda r: r['qkv_bf16'] / r['torch']):.2f}x"
+          + ("" if math.isnan(tb) else f", qkv bf16 / torch bf16 {med(lambda r: r['qkv_bf16'] / r['torch_bf16']):.2f}x")
+          + f"; peak MiB qkv {max(r['qkv_mib'] for r in rs):.0f} (bf16 {max(r['qkv_bf16_mib'] for r in rs):.0f}), "
           f"torch {max(r['torch_mib'] for r in rs):.0f}")
 PY

@@ -274,6 +274,26 @@ TEST(LineChart, LabelsAreEscapedNeverRaw) {
   expect_well_formed(svg, "escaped chart");
 }
 
+// A title wider than the plot starts at the left edge and the document widens to hold it (centred
+// over the plot, it ran off the left edge); a short one stays centred.
+TEST(LineChart, WideTitleStartsAtTheLeftEdge) {
+  const std::string wide(90, 'W');
+  const std::string svg = qkv::viz::line_chart_svg({ramp("a", 5)}, wide, "step", "loss");
+  const size_t at = svg.find(">" + wide + "</text>");
+  ASSERT_NE(at, std::string::npos);
+  const size_t open = svg.rfind("<text", at);
+  EXPECT_NE(svg.substr(open, at - open).find("text-anchor=\"start\""), std::string::npos) << svg.substr(open, at - open);
+  const size_t w = svg.find("width=\"");
+  ASSERT_NE(w, std::string::npos);
+  EXPECT_GE(std::stod(svg.substr(w + 7)), 90 * 0.6 * 16 * 0.95) << "the document is narrower than its title";
+  const std::string narrow = qkv::viz::line_chart_svg({ramp("a", 5)}, "short", "step", "loss");
+  const size_t at2 = narrow.find(">short</text>");
+  ASSERT_NE(at2, std::string::npos);
+  EXPECT_NE(narrow.substr(narrow.rfind("<text", at2), at2 - narrow.rfind("<text", at2)).find("\"middle\""),
+            std::string::npos);
+  expect_well_formed(svg, "wide title");
+}
+
 TEST(LineChart, NonFinitePointsAreSkippedAndBreakTheLine) {
   Series s{"gappy", {0, 1, 2, 3, 4, 5}, {1, 2, kNaN, 4, kInf, 6}};
   Series t{"x-gap", {0, kNaN, 2}, {1, 1, 1}};

@@ -46,9 +46,12 @@ Run read_run(const std::string& spec) {
   const bool dir = fs::is_directory(path, ec);
   const std::string file = dir ? (fs::path(path) / "metrics.jsonl").string() : path;
   if (r.name.empty()) {
-    const fs::path p = fs::path(dir ? path : fs::path(path).parent_path().string()).lexically_normal();
-    r.name = p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
-    if (r.name.empty() || r.name == ".") r.name = fs::absolute(p).filename().string();
+    // the run's directory: PATH itself, or the metrics file's folder
+    fs::path p = fs::path(path).lexically_normal();
+    if (!dir) p = p.parent_path();
+    r.name = p.filename().string();
+    if (r.name.empty()) r.name = p.parent_path().filename().string();  // "DIR/"
+    if (r.name.empty() || r.name == "." || r.name == "..") r.name = path;
   }
   const std::string text = read_file(file, "a training run's metrics");
   // one JSON object per line, as qkv train writes them: "step" an integer >= 1, "loss" and
@@ -113,10 +116,10 @@ int run_plot(const PlotOptions& o) {
       series.push_back({r.name + (o.what == "both" ? " (validation)" : ""), r.valid_step, r.valid_loss});
     }
   }
-  const std::string y_label =
-      o.smooth > 1 && o.what != "valid" ? "cross-entropy (nats; training: mean of " + std::to_string(o.smooth) + " steps)"
-                                        : "cross-entropy (nats)";
-  viz::write_svg(o.out, viz::line_chart_svg(series, o.title, "step", y_label, !o.linear));
+  const std::string x_label =
+      o.smooth > 1 && o.what != "valid" ? "step (training losses: the mean of the last " + std::to_string(o.smooth) + ")"
+                                        : "step";
+  viz::write_svg(o.out, viz::line_chart_svg(series, o.title, x_label, "cross-entropy (nats)", !o.linear));
   std::printf("wrote %s: %zu curve%s from %zu run%s\n", o.out.c_str(), series.size(), series.size() == 1 ? "" : "s",
               o.runs.size(), o.runs.size() == 1 ? "" : "s");
   return 0;

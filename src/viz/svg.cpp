@@ -294,7 +294,10 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
   const double left = 12 + 16 + 10 + ylab_w + 8;
   const double top = title.empty() ? 20 : 48;
   const double legend_x = left + kPlotW + 20, legend_w = 34 + name_w + 10;
-  const double width = legend_x + legend_w + 10;
+  // a title wider than the plot starts at the left edge instead of overflowing it
+  const double title_w = text_em(title) * 16 * 0.95;
+  const bool title_wide = title_w > kPlotW;
+  const double width = std::max(legend_x + legend_w + 10, title_wide ? 12 + title_w + 12 : 0.0);
   const double legend_h = 14 + 20.0 * static_cast<double>(series.size());
   const double height = std::max(top + kPlotH + 58, top + legend_h + 10);
   // px <- left + (x - x0) / (x1 - x0) * W;  py <- top + H - (f(y) - y0) / (y1 - y0) * H
@@ -358,7 +361,9 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
   }
   svg += "</g>\n";
   // title and axis labels
-  if (!title.empty()) svg += text_el(left + kPlotW / 2, 30, title, "middle", 16, " font-weight=\"bold\" fill=\"#111111\"");
+  if (!title.empty())
+    svg += text_el(title_wide ? 12 : left + kPlotW / 2, 30, title, title_wide ? "start" : "middle", 16,
+                   " font-weight=\"bold\" fill=\"#111111\"");
   if (!x_label.empty()) svg += text_el(left + kPlotW / 2, top + kPlotH + 44, x_label, "middle", 13, " fill=\"#222222\"");
   if (!y_label.empty() || log_y) {
     const std::string yl = log_y ? (y_label.empty() ? "log scale" : y_label + " (log scale)") : y_label;
