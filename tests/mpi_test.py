@@ -7,7 +7,7 @@ A tiny translator (byte tokenizer, 1 thread per rank, 20 steps, validation every
 generated pairs, each run under `mpirun --oversubscribe` so that it runs on any machine:
 
   * exactness: 2 and 3 ranks give every loss within 1e-6 relative of one process accumulating
-    the same 2 or 3 parts of each batch (`qkv train --parts N`);
+    the same 2 or 3 parts of each batch (`qkv train --parts N`); with --precision bf16, within 1e-4;
   * determinism: the same N, seed and threads give bitwise-identical losses and model files;
   * overlap: with small buckets (--bucket-mb 0.05) the gradients are summed while the backward
     pass runs (all buckets but the last, from the second step on), with the same bits;
@@ -112,6 +112,17 @@ def main():
         ck.report(len(a_) == 20 and [t for t, _ in a_] == [t for t, _ in b_] and all(t > 0 and s > 0 for t, s in a_),
                   "metrics.jsonl: each step's tokens are the global batch's (= --parts 2's), step_seconds > 0",
                   (a_[:3], b_[:3]))
+    # --precision bf16 under mpirun: rank 0's choice reaches every rank (the losses leave float32's),
+    # and the ranks follow one process with --parts 2 closely. Not bit for bit: in bf16 the two
+    # agree for the first 15 of these 20 steps, then part by up to 1e-5 relative (cause not found
+    # yet; in float32 they stay bitwise equal, checked above).
+    one2b, rc1, _, _ = train("parts2-bf16", 0, "--parts", "2", "--precision", "bf16")
+    mpi2b, rc2, _, _ = train("ranks2-bf16", 2, "--precision", "bf16")
+    if rc1 == 0 and rc2 == 0:
+        e = rel(losses(mpi2b), losses(one2b))
+        off = rel(losses(mpi2b), losses(one2))
+        ck.report(e <= 1e-4 and off > 10 * e, "--precision bf16: 2 ranks within 1e-4 relative of --parts 2 in bf16 "
+                  "(max %.2g), and apart from float32's losses (%.2g)" % (e, off))
     # small buckets: summed while the backward pass runs, the same bits
     small, rc, _, _ = train("ranks2-buckets", 2, "--bucket-mb", "0.05")
     if rc == 0:

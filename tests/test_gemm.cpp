@@ -161,6 +161,30 @@ TEST(Gemm, Bf16MatmulAgainstItsFloat64TwinOnEveryPath) {
           }
 }
 
+// NaN and infinity in an operand survive the rounding and reach exactly their row / column.
+TEST(Gemm, Bf16MatmulCarriesNaNAndInfinity) {
+  std::vector<bool> paths = {false};
+  if (bf16_gemm_native()) paths.push_back(true);
+  const int64_t M = 20, N = 17, K = 40;
+  for (const bool native : paths) {
+    std::vector<float> A(M * K, 0.5f), B(N * K, 0.25f), C(M * N);
+    A[3 * K + 7] = std::numeric_limits<float>::quiet_NaN();
+    B[5 * K + 9] = std::numeric_limits<float>::infinity();
+    sgemm_bf16(native, false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        const float c = C[i * N + j];
+        if (i == 3) {
+          EXPECT_TRUE(std::isnan(c)) << native << " " << i << "," << j;
+        } else if (j == 5) {
+          EXPECT_TRUE(std::isinf(c) && c > 0) << native << " " << i << "," << j << ": " << c;
+        } else {
+          EXPECT_EQ(c, 0.5f * 0.25f * K) << native << " " << i << "," << j;
+        }
+      }
+  }
+}
+
 // The scope: sgemm inside a Bf16Matmul is sgemm_bf16 on this CPU's path; outside it, float32 again;
 // BatchInvariantGemm takes precedence where both live.
 TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {

@@ -86,6 +86,34 @@ void bf16_matmul(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A
   }
 }
 
+// A per-thread scratch buffer that only grows, 64-byte aligned (every product sees operands with
+// the same alignment, whatever was allocated before).
+template <class T>
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { std::free(p_); }
+  T* get(int64_t n) {
+    const size_t want = static_cast<size_t>(std::max<int64_t>(n, 1));
+    if (want > n_) {
+      constexpr size_t kAlign = 64;
+      const size_t bytes = (want * sizeof(T) + kAlign - 1) / kAlign * kAlign;
+      void* q = std::aligned_alloc(kAlign, bytes);
+      check(q != nullptr, "sgemm (bf16): cannot allocate ", bytes, " bytes of scratch");
+      std::free(p_);
+      p_ = static_cast<T*>(q);
+      n_ = want;
+    }
+    return p_;
+  }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
 // X (rows, cols; row stride ld) rounded to bfloat16 into out (rows x cols, packed).
 void round_rows_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, uint16_t* out) {
 #pragma omp parallel for num_threads(num_threads()) schedule(static) if (rows * cols >= (int64_t{1} << 15))
@@ -105,27 +133,47 @@ void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, i
   // A is stored (M, K), or transposed (K, M); B (K, N), or transposed (N, K)
   const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
   const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  thread_local std::vector<uint16_t> a16, b16;
-  if (a16.size() < static_cast<size_t>(a_rows * a_cols)) a16.resize(static_cast<size_t>(a_rows * a_cols));
-  if (b16.size() < static_cast<size_t>(b_rows * b_cols)) b16.resize(static_cast<size_t>(b_rows * b_cols));
-  round_rows_bf16(A, a_rows, a_cols, lda, a16.data());
-  round_rows_bf16(B, b_rows, b_cols, ldb, b16.data());
+  thread_local Scratch<uint16_t> a_scratch, b_scratch;
+  uint16_t* a16 = a_scratch.get(a_rows * a_cols);
+  uint16_t* b16 = b_scratch.get(b_rows * b_cols);
+  round_rows_bf16(A, a_rows, a_cols, lda, a16);
+  round_rows_bf16(B, b_rows, b_cols, ldb, b16);
   if (native && K > 0) {
     // element strides of the (M, K) and (K, N) views of the packed copies
-    bf16_matmul(M, N, K, alpha, a16.data(), trans_a ? 1 : a_cols, trans_a ? a_cols : 1, b16.data(),
-                trans_b ? 1 : b_cols, trans_b ? b_cols : 1, beta, C, ldc);
+    const int64_t ar = trans_a ? 1 : a_cols, ac = trans_a ? a_cols : 1, br = trans_b ? 1 : b_cols,
+                  bc = trans_b ? b_cols : 1;
+    if (beta == 0.0f) {
+      bf16_matmul(M, N, K, alpha, a16, ar, ac, b16, br, bc, 0.0f, C, ldc);
+      return;
+    }
+    // C <- alpha A B + beta C as the product first, then one addition per element: oneDNN may add
+    // partial sums into C as it goes, and then a gradient accumulated over micro-batches (beta =
+    // 1) would not be bitwise the sum of the micro-batches' products that data parallelism forms.
+    thread_local Scratch<float> prod_scratch;
+    float* prod = prod_scratch.get(M * N);
+    bf16_matmul(M, N, K, alpha, a16, ar, ac, b16, br, bc, 0.0f, prod, N);
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (M * N >= (int64_t{1} << 15))
+    for (int64_t i = 0; i < M; ++i) {
+      const float* p = prod + i * N;
+      float* c = C + i * ldc;
+      if (beta == 1.0f) {
+        for (int64_t j = 0; j < N; ++j) c[j] = p[j] + c[j];
+      } else {
+        for (int64_t j = 0; j < N; ++j) c[j] = p[j] + beta * c[j];
+      }
+    }
     return;
   }
-  thread_local std::vector<float> a32, b32;
-  a32.resize(a16.size());
-  b32.resize(b16.size());
+  thread_local Scratch<float> a_wide, b_wide;
   const int64_t na = a_rows * a_cols, nb = b_rows * b_cols;
+  float* a32 = a_wide.get(na);
+  float* b32 = b_wide.get(nb);
 #pragma omp parallel for num_threads(num_threads()) schedule(static) if (na >= (int64_t{1} << 15))
-  for (int64_t i = 0; i < na; ++i) a32[static_cast<size_t>(i)] = kernels::bf16_to_f32(a16[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < na; ++i) a32[i] = kernels::bf16_to_f32(a16[i]);
 #pragma omp parallel for num_threads(num_threads()) schedule(static) if (nb >= (int64_t{1} << 15))
-  for (int64_t i = 0; i < nb; ++i) b32[static_cast<size_t>(i)] = kernels::bf16_to_f32(b16[static_cast<size_t>(i)]);
-  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a32.data(), a_cols,
-                                      b32.data(), b_cols, beta, C, ldc);
+  for (int64_t i = 0; i < nb; ++i) b32[i] = kernels::bf16_to_f32(b16[i]);
+  const dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, a32, a_cols, b32,
+                                      b_cols, beta, C, ldc);
   check(st == dnnl_success, "sgemm (bf16): oneDNN's dnnl_sgemm failed (status ", static_cast<int>(st), ") for M=", M,
         " N=", N, " K=", K);
 }
