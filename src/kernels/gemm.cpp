@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 #include "kernels/quant.h"
 #include "kernels/train_isa.h"
@@ -142,26 +141,7 @@ void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, i
     // element strides of the (M, K) and (K, N) views of the packed copies
     const int64_t ar = trans_a ? 1 : a_cols, ac = trans_a ? a_cols : 1, br = trans_b ? 1 : b_cols,
                   bc = trans_b ? b_cols : 1;
-    if (beta == 0.0f) {
-      bf16_matmul(M, N, K, alpha, a16, ar, ac, b16, br, bc, 0.0f, C, ldc);
-      return;
-    }
-    // C <- alpha A B + beta C as the product first, then one addition per element: oneDNN may add
-    // partial sums into C as it goes, and then a gradient accumulated over micro-batches (beta =
-    // 1) would not be bitwise the sum of the micro-batches' products that data parallelism forms.
-    thread_local Scratch<float> prod_scratch;
-    float* prod = prod_scratch.get(M * N);
-    bf16_matmul(M, N, K, alpha, a16, ar, ac, b16, br, bc, 0.0f, prod, N);
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (M * N >= (int64_t{1} << 15))
-    for (int64_t i = 0; i < M; ++i) {
-      const float* p = prod + i * N;
-      float* c = C + i * ldc;
-      if (beta == 1.0f) {
-        for (int64_t j = 0; j < N; ++j) c[j] = p[j] + c[j];
-      } else {
-        for (int64_t j = 0; j < N; ++j) c[j] = p[j] + beta * c[j];
-      }
-    }
+    bf16_matmul(M, N, K, alpha, a16, ar, ac, b16, br, bc, beta, C, ldc);
     return;
   }
   thread_local Scratch<float> a_wide, b_wide;
