@@ -94,7 +94,13 @@ int run_bench_train(const TrainBenchOptions& o) {
   check(avail < 0 || logits <= avail, "--batch ", o.batch, " --seq ", o.seq, ": the logits of one step and their "
         "gradient alone take ", static_cast<int64_t>(logits / (1 << 20)), " MiB, more than the ",
         static_cast<int64_t>(avail / (1 << 20)), " MiB of memory available (", source, ")");
-  const Ceiling measured = measure_gemm_ceiling(2048, 3);
+  // the ceiling of the products the step runs: float32's, or bf16's (its rounding included)
+  const bool bf16 = parse_precision(o.precision, "--precision") == Precision::BF16;
+  const Ceiling measured = [&] {
+    std::optional<Bf16Matmul> scope;
+    if (bf16) scope.emplace();
+    return measure_gemm_ceiling(2048, 3);
+  }();
   const double ceiling = measured.gflops;
   if (!measured.warning().empty()) std::fprintf(stderr, "qkv bench train: %s\n", measured.warning().c_str());
   Model model = [&] {
@@ -182,8 +188,8 @@ int run_bench_train(const TrainBenchOptions& o) {
   std::printf("  step (fwd + bwd + AdamW): mean %.3f s, best %.3f s over %d steps (after %d warmup)\n", per_step, best,
               o.steps, o.warmup);
   std::printf("  throughput: %.1f tokens/s%s\n", tokens / per_step, encdec ? " (target tokens; as many source tokens)" : "");
-  std::printf("  estimated matmul rate: %.1f GFLOP/s = %.0f%% of the %.1f GFLOP/s SGEMM ceiling\n", gflops,
-              100.0 * gflops / ceiling, ceiling);
+  std::printf("  estimated matmul rate: %.1f GFLOP/s = %.0f%% of the %.1f GFLOP/s %s ceiling\n", gflops,
+              100.0 * gflops / ceiling, ceiling, bf16 ? "bf16 GEMM (2048^3, rounding included)" : "SGEMM");
   std::printf("  peak resident memory (whole process): %.0f MiB\n", peak_mib);
   return 0;
 }
