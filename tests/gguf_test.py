@@ -15,7 +15,7 @@ interleaved-pair order of its RoPE, which qkv must put back. Checks:
     K-quants to Q8_0);
   - the SentencePiece tokenizer from tokenizer.ggml.* encodes as a reference BPE-by-score
     encoder, with <s> first as tokenizer.ggml.add_bos_token asks; generate runs on the file;
-    byte-level BPE ("gpt2") tokenizers with the gpt2, smollm and llama-bpe pre-tokenizers encode as
+    byte-level BPE ("gpt2") tokenizers with the gpt2, smollm, llama-bpe and qwen2 pre-tokenizers encode as
     the tokenizer.json Hugging Face has for such a model (written here from its format);
   - qkv quantize writes a directory from the file that gives the same logits, and qkv export
     --format gguf writes that directory back as GGUF with every tensor's bytes and the metadata of
@@ -492,8 +492,9 @@ def main():
     vocab = alphabet + [m.replace(" ", "") for m in merges] + ["<|endoftext|>", "<|begin|>"]
     btypes = [1] * (len(vocab) - 2) + [3, 3]
     cfg, t = random_llama(rng, vocab=len(vocab))
-    texts = ["the cat sat on 12 mats", "The  cat\n\nsat!", "caf\u00e9 123 \U0001F600 it's", "<|endoftext|>the"]
-    for pre, add_bos in (("gpt2", False), ("smollm", False), ("llama-bpe", True)):
+    texts = ["the cat sat on 12 mats", "The  cat\n\nsat!", "caf\u00e9 123 \U0001F600 it's", "<|endoftext|>the",
+             "cafe\u0301 IT'S 1234"]
+    for pre, add_bos in (("gpt2", False), ("smollm", False), ("llama-bpe", True), ("qwen2", False)):
         kv = llama_kv(cfg)
         kv += [("tokenizer.ggml.model", STRING, "gpt2"), ("tokenizer.ggml.pre", STRING, pre),
                ("tokenizer.ggml.tokens", ARRAY, vocab, STRING), ("tokenizer.ggml.merges", ARRAY, merges, STRING),
@@ -503,9 +504,11 @@ def main():
         gpath = os.path.join(work, "bpe-%s.gguf" % pre)
         write(gpath, gguf(kv, llama_tensors(cfg, t, F32)))
         # the tokenizer.json of such a model, written here from Hugging Face's format
-        bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": pre != "llama-bpe"}
-        llama3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
-                  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+        bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+              "use_regex": pre not in ("llama-bpe", "qwen2")}
+        # Llama 3's split; Qwen2's takes digits one at a time (\p{N} for \p{N}{1,3})
+        llama3 = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}%s| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|"
+                  "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+") % ("" if pre == "qwen2" else "{1,3}")
         pre_tok = (bl if pre == "gpt2" else
                    {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, bl]} if pre == "smollm"
                    else {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": llama3},
@@ -520,7 +523,7 @@ def main():
         tj = {"version": "1.0", "truncation": None, "padding": None,
               "added_tokens": [{"id": i, "content": vocab[i], "single_word": False, "lstrip": False, "rstrip": False,
                                 "normalized": False, "special": True} for i in (len(vocab) - 2, len(vocab) - 1)],
-              "normalizer": None, "pre_tokenizer": pre_tok, "post_processor": post,
+              "normalizer": {"type": "NFC"} if pre == "qwen2" else None, "pre_tokenizer": pre_tok, "post_processor": post,
               "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
               "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                         "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -535,9 +538,16 @@ def main():
             a_ = run([qkv, "tokenize", "--model", gpath, "--ids", "--special", "--text", text]).stdout.split()
             b_ = run([qkv, "tokenize", "--model", tdir, "--ids", "--special", "--text", text]).stdout.split()
             ok(a_ == b_ and len(a_) > 0, "tokenizer.ggml.pre %s: %r as its tokenizer.json encodes it: %s" % (pre, text, a_))
-        if pre == "smollm":
+        if pre in ("smollm", "qwen2"):
             ids_ = [int(x) for x in run([qkv, "tokenize", "--model", gpath, "--ids", "--text", "12"]).stdout.split()]
-            ok(ids_ == [vocab.index("1"), vocab.index("2")], "smollm splits digits one by one: %s" % ids_)
+            ok(ids_ == [vocab.index("1"), vocab.index("2")], "%s splits digits one by one: %s" % (pre, ids_))
+        if pre == "llama-bpe":
+            ids_ = [int(x) for x in run([qkv, "tokenize", "--model", gpath, "--ids", "--text", "12"]).stdout.split()]
+            ok(ids_ == [vocab.index("12")], "llama-bpe keeps up to 3 digits together (then merged): %s" % ids_)
+        if pre == "qwen2":
+            a_ = run([qkv, "tokenize", "--model", gpath, "--ids", "--text", "cafe\u0301"]).stdout.split()
+            b_ = run([qkv, "tokenize", "--model", gpath, "--ids", "--text", "caf\u00e9"]).stdout.split()
+            ok(a_ == b_, "qwen2 normalises to NFC: a decomposed e + acute encodes as the composed one: %s" % a_)
         if pre == "gpt2":
             ids_ = [int(x) for x in run([qkv, "tokenize", "--model", gpath, "--ids", "--text", " the cat"]).stdout.split()]
             ok(ids_ == [vocab.index("\u0120the"), vocab.index("\u0120cat")], "gpt2 merges ' the cat' to two tokens: %s" % ids_)

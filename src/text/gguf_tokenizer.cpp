@@ -132,6 +132,10 @@ std::unique_ptr<Tokenizer> spm_tokenizer(const GgufFile& f) {
 constexpr char kLlama3Split[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
+// Qwen2's: Llama 3's with single digits (\p{N} instead of \p{N}{1,3}).
+constexpr char kQwen2Split[] =
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+    "\\s+(?!\\S)|\\s+";
 
 // "gpt2": byte-level BPE (tokens as GPT-2's byte alphabet spells them, tokenizer.ggml.merges "a b"),
 // written as the tokenizer.json Hugging Face has for the same model and run by qkv's reader of it.
@@ -150,21 +154,25 @@ std::unique_ptr<Tokenizer> bpe_tokenizer(const GgufFile& f) {
         file, ": \"tokenizer.ggml.token_type\" must be ", n, " integers, one per token");
   const std::string pre = f.string_or("tokenizer.ggml.pre", "default");
   const Json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  Json pre_tokenizer;
+  Json pre_tokenizer, normalizer = nullptr;
   if (pre == "default" || pre == "gpt2") {
     pre_tokenizer = byte_level;
   } else if (pre == "smollm") {
     pre_tokenizer = {{"type", "Sequence"},
                      {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
-  } else if (pre == "llama-bpe") {
+  } else if (pre == "llama-bpe" || pre == "qwen2") {
+    // Llama 3 and Qwen2 split with their own pattern, then map bytes without GPT-2's regex; Qwen2's
+    // tokenizer.json also normalises to NFC first
     Json bl = byte_level;
     bl["use_regex"] = false;
+    const char* split = pre == "qwen2" ? kQwen2Split : kLlama3Split;
     pre_tokenizer = {{"type", "Sequence"},
                      {"pretokenizers",
-                      {{{"type", "Split"}, {"pattern", {{"Regex", kLlama3Split}}}, {"behavior", "Isolated"}, {"invert", false}},
+                      {{{"type", "Split"}, {"pattern", {{"Regex", split}}}, {"behavior", "Isolated"}, {"invert", false}},
                        bl}}};
+    if (pre == "qwen2") normalizer = {{"type", "NFC"}};
   } else {
-    fail(file, ": tokenizer.ggml.pre \"", pre, "\" is not read (qkv reads default, gpt2, smollm and llama-bpe)");
+    fail(file, ": tokenizer.ggml.pre \"", pre, "\" is not read (qkv reads default, gpt2, smollm, llama-bpe and qwen2)");
   }
   Json vocab = Json::object(), added = Json::array();
   for (size_t i = 0; i < n; ++i) {
@@ -197,7 +205,7 @@ std::unique_ptr<Tokenizer> bpe_tokenizer(const GgufFile& f) {
                    {"truncation", nullptr},
                    {"padding", nullptr},
                    {"added_tokens", added},
-                   {"normalizer", nullptr},
+                   {"normalizer", normalizer},
                    {"pre_tokenizer", pre_tokenizer},
                    {"post_processor", post},
                    {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
