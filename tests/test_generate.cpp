@@ -171,6 +171,35 @@ TEST(Generate, StopsAtEosAndReportsIt) {
   EXPECT_FALSE(free_run[0].finished);
 }
 
+TEST(Generate, OnStepSeesEveryStepOnceInOrderAndCanStopIt) {
+  ModelConfig c = decoder_config(Positional::Learned);
+  const Model m = make(c);
+  const auto free_run = generate(m, {kPrompts[0]}, greedy(8, true));
+  for (const bool beam : {false, true}) {
+    SCOPED_TRACE(beam ? "beam search" : "greedy");
+    std::vector<int64_t> seen;
+    GenerateConfig g = greedy(8, true);
+    g.beam_search = beam;
+    g.on_step = [&](int64_t step) { seen.push_back(step); };
+    const auto out = generate(m, {kPrompts[0]}, g);
+    EXPECT_EQ(seen, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+    EXPECT_EQ(out[0].tokens, free_run[0].tokens);  // watching changes nothing
+    // an eos at step 2 ends the steps there
+    seen.clear();
+    g.eos_id = free_run[0].tokens[2];
+    const size_t first = static_cast<size_t>(std::find(free_run[0].tokens.begin(), free_run[0].tokens.end(), g.eos_id) -
+                                             free_run[0].tokens.begin());
+    generate(m, {kPrompts[0]}, g);
+    EXPECT_EQ(seen.size(), first + 1);
+    // a hook that throws ends the generation with its error
+    g.eos_id = -1;
+    g.on_step = [](int64_t step) {
+      if (step == 3) throw Error("stop at 3");
+    };
+    EXPECT_THROW(generate(m, {kPrompts[0]}, g), Error);
+  }
+}
+
 TEST(Generate, BeamSizeOneEqualsGreedy) {
   for (const DecoderCase& dc : decoder_cases()) {
     SCOPED_TRACE(dc.name);

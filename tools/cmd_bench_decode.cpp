@@ -45,23 +45,34 @@ int run_bench_decode(const DecodeBenchOptions& o) {
   for (int64_t i = 0; i < o.prompt; ++i) prompt.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(cfg.vocab_size))));
   GenerateConfig g;
   g.eos_id = -1;
-  auto time_generate = [&](int64_t n) {
-    g.max_new_tokens = n;
-    const auto t0 = std::chrono::steady_clock::now();
+  // One run times both parts: the clock is read after every step. The prompt: from the call to
+  // the first token (the prefill and its choice); decoding: from the first token to the last, over
+  // --tokens steps. Best of --reps for each. (Differencing two runs' totals instead went negative
+  // on small models, where the runs' noise exceeds the steps' time.)
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> stamps;
+  g.on_step = [&](int64_t) { stamps.push_back(Clock::now()); };
+  auto run = [&](int64_t n, double* prefill, double* per_token) {
+    g.max_new_tokens = n + 1;
+    stamps.clear();
+    stamps.reserve(static_cast<size_t>(n + 1));
+    const auto t0 = Clock::now();
     generate(model, {prompt}, g);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    check(static_cast<int64_t>(stamps.size()) == n + 1, "bench decode: expected ", n + 1, " steps, saw ", stamps.size());
+    *prefill = std::chrono::duration<double>(stamps.front() - t0).count();
+    *per_token = std::chrono::duration<double>(stamps.back() - stamps.front()).count() / static_cast<double>(n);
   };
-  time_generate(4);  // warm-up: caches, allocator, BLAS threads
-  // per-token decode time: (prefill + n steps) - (prefill + 1 step), over n - 1 steps; best of reps
-  double best = 1e30, best_one = 1e30;
+  double prefill_s = 0, best = 0;
+  run(std::min<int64_t>(o.tokens, 4), &prefill_s, &best);  // warm-up: caches, allocator, BLAS threads
+  prefill_s = best = 1e30;
   for (int r = 0; r < o.reps; ++r) {
-    const double one = time_generate(1), many = time_generate(o.tokens + 1);
-    best = std::min(best, (many - one) / static_cast<double>(o.tokens));
-    best_one = std::min(best_one, one);
+    double p = 0, t = 0;
+    run(o.tokens, &p, &t);
+    prefill_s = std::min(prefill_s, p);
+    best = std::min(best, t);
   }
   const double tok_s = 1.0 / best;
-  // the prompt: (prefill + 1 step) - 1 step
-  const double prefill_s = std::max(best_one - best, 1e-9), prompt_tok_s = static_cast<double>(o.prompt) / prefill_s;
+  const double prompt_tok_s = static_cast<double>(o.prompt) / prefill_s;
   // bytes read per token: every parameter (packed ones at their size) but the unused rows of the
   // position table
   const double bytes = model.weight_bytes_per_token();
@@ -79,7 +90,7 @@ int run_bench_decode(const DecodeBenchOptions& o) {
   std::printf("qkv bench decode: %s (%s weights), batch 1, prompt %lld, %lld new tokens (greedy, KV cache), %d threads\n",
               o.model.c_str(), wtype_name(wt), static_cast<long long>(o.prompt), static_cast<long long>(o.tokens), num_threads());
   std::printf("  decode: %.2f ms/token = %.1f tokens/s (best of %d)\n", 1e3 * best, tok_s, o.reps);
-  std::printf("  prompt: %lld tokens in %.1f ms = %.1f tokens/s (prefill and one step, less one step)\n",
+  std::printf("  prompt: %lld tokens in %.1f ms = %.1f tokens/s (the prefill and the first token's choice)\n",
               static_cast<long long>(o.prompt), 1e3 * prefill_s, prompt_tok_s);
   std::printf("  bound: %.0f MiB of weights per token at %.1f GB/s read bandwidth = %.1f tokens/s; qkv reaches %.0f%%\n",
               bytes / (1 << 20), bw, bound, 100 * tok_s / bound);

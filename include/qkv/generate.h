@@ -14,6 +14,7 @@
 //   auto tr = translate(model, {{12, 9, 4, eos}}, g);  // encoder-decoder: one output per source
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -54,6 +55,10 @@ struct GenerateConfig {
   bool capture_attention = false;
   int64_t attention_layer = -1;
   int64_t attention_head = 0;
+  // Called once per step, after that step's tokens are chosen (step 0: the token after the
+  // prompt), with the step's index: for progress and for timing each step (`qkv bench decode`).
+  // An exception it throws ends the generation.
+  std::function<void(int64_t step)> on_step;
 };
 
 struct Generation {

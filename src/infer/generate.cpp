@@ -345,6 +345,7 @@ struct Driver {
         seq[b].push_back(t);
         if (t == eos) done[b] = out[b].finished = true;
       }
+      if (g.on_step) g.on_step(step);
       if (step + 1 == g.max_new_tokens || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
       // A finished row keeps being fed its last token at its last position: harmless, it is
       // never read again.
@@ -438,6 +439,7 @@ struct Driver {
       for (int64_t b = 0; b < B; ++b)
         if (!done[b])
           for (int64_t j = 0; j < K; ++j) score[b * K + j] = new_score[b * K + j];
+      if (g.on_step) g.on_step(step);
       if (last_step || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
       // done requests' rows: fed their last token again at its position (ignored)
       std::vector<bool> grew(static_cast<size_t>(R));
