@@ -85,22 +85,11 @@ class Session {
     Tensor idt({R, Tn}, DType::I64);
     std::copy(ids.begin(), ids.end(), idt.data<int64_t>());
     nn::Context c{tape_, false, 0.0f, 0, 0, cached_ ? &step : nullptr};
-    std::vector<nn::LayerCache>* caches = cached_ ? &caches_ : nullptr;
-    Var x = m_.embed(c, idt);
-    if (cfg_.arch == Arch::EncoderDecoder) {
-      x = m_.decoder(c, x, memory_, Model::Impl::self_spec(true, Tensor()), Model::Impl::cross_spec(src_lengths_),
-                     caches);
-    } else {
-      x = m_.stack(c, x, Model::Impl::self_spec(true, Tensor()), caches);
-    }
+    Model::Impl::Pass p{.ids = idt, .lengths = src_lengths_, .memory = memory_, .caches = cached_ ? &caches_ : nullptr,
+                        .last = &last};
+    Tensor logits = m_.forward(c, p)->value;
     collect_capture(pos, Tn);
-    // logits <- x[b, last_b] W_out^T   (only the rows that predict the next token)
-    const int64_t D = cfg_.d_model;
-    Tensor sel = Tensor::empty({R, D});
-    const float* px = x->value.data<float>();
-    for (int64_t b = 0; b < R; ++b)
-      std::copy(px + (b * Tn + last[b]) * D, px + (b * Tn + last[b] + 1) * D, sel.data<float>() + b * D);
-    return m_.lm_head(c, make_var(sel))->value;
+    return logits;
   }
 
   // Cache rows reordered: new row r <- old row from[r] (beam search). Cross-attention caches stay:

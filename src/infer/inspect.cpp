@@ -79,31 +79,25 @@ AttentionTrace trace_attention(const Model& model, const Batch& batch) {
   // every token of a row at once, from position 0: one uniform step over a cache of exactly T
   const nn::Step step{std::vector<int64_t>(static_cast<size_t>(B), 0), T};
   nn::Context ctx{tape, false, 0.0f, 0, 0, &step};
-  const Tensor ids = batch.input;
   if (c.arch == Arch::EncoderDecoder) {
-    std::vector<nn::LayerCache> enc = keeping_caches(c, m.stack.layers.size(), B, T);
-    const Var memory = m.stack(ctx, m.src_embed(ctx, ids), Model::Impl::self_spec(false, lengths), &enc);
-    collect(t.maps, enc, "encoder", false);
+    // the encoder over T source positions, the decoder over Td target positions: a step each
     const int64_t Td = batch.decoder_input.size(1);
     const nn::Step dstep{std::vector<int64_t>(static_cast<size_t>(B), 0), Td};
     nn::Context dctx{tape, false, 0.0f, 0, 0, &dstep};
+    std::vector<nn::LayerCache> enc = keeping_caches(c, m.stack.layers.size(), B, T);
     std::vector<nn::LayerCache> dec = keeping_caches(c, m.decoder.layers.size(), B, Td);
-    const Var x = m.decoder(dctx, m.embed(dctx, batch.decoder_input), memory, Model::Impl::self_spec(true, Tensor()),
-                            Model::Impl::cross_spec(lengths), &dec);
+    Model::Impl::Pass p{.ids = batch.decoder_input, .lengths = lengths, .src = batch.input, .encoder = &ctx,
+                        .caches = &dec, .encoder_caches = &enc};
+    t.logits = m.forward(dctx, p)->value;
+    collect(t.maps, enc, "encoder", false);
     collect(t.maps, dec, "decoder", true);
-    t.logits = m.lm_head(dctx, x)->value;
     return t;
   }
   const bool causal = c.arch == Arch::Decoder;
   std::vector<nn::LayerCache> caches = keeping_caches(c, m.stack.layers.size(), B, T);
-  const Var x = m.stack(ctx, m.embed(ctx, ids), Model::Impl::self_spec(causal, lengths), &caches);
+  Model::Impl::Pass p{.ids = batch.input, .lengths = lengths, .causal = causal, .caches = &caches};
+  t.logits = m.forward(ctx, p)->value;
   collect(t.maps, caches, causal ? "decoder" : "encoder", false);
-  switch (c.arch) {
-    case Arch::Decoder: t.logits = m.lm_head(ctx, x)->value; break;
-    case Arch::EncoderClassifier: t.logits = m.classifier(ctx, x, lengths)->value; break;
-    case Arch::EncoderMLM: t.logits = m.mlm(ctx, x)->value; break;
-    default: t.logits = x->value; break;
-  }
   return t;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/quant.h"
+#include "models/families.h"
 #include "qkv/error.h"
 #include "qkv/gguf.h"
 #include "qkv/hf.h"
@@ -109,27 +110,49 @@ ModelConfig llama_config(const GgufFile& f) {
   return c;
 }
 
-std::vector<Rule> llama_rules(const ModelConfig& c) {
-  const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size, H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k(),
-                Dv = c.head_dim_v();
-  std::vector<Rule> r;
-  auto one = [&](const std::string& param, const std::string& name, int64_t rows, int64_t cols, int64_t heads = 0) {
-    r.push_back({param, {{name, rows, cols, heads}}});
+// llama.cpp's name for a tensor of Hugging Face's Llama (the family record's names, under
+// "model."), and, for Q and K, the heads whose rows its converter interleaves.
+Part gguf_part(const family::Part& hf, const ModelConfig& c) {
+  struct Name {
+    const char* hf;
+    const char* gguf;
+    int64_t heads;
   };
-  one("embed.weight", "token_embd.weight", V, D);
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    const std::string b = "blk." + std::to_string(i) + ".", l = "layers." + std::to_string(i) + ".";
-    one(l + "norm1.weight", b + "attn_norm.weight", 1, D);
-    one(l + "self_attn.q_proj_weight", b + "attn_q.weight", H * Dk, D, H);
-    one(l + "self_attn.k_proj_weight", b + "attn_k.weight", G * Dk, D, G);
-    one(l + "self_attn.v_proj_weight", b + "attn_v.weight", G * Dv, D);
-    one(l + "self_attn.out_proj.weight", b + "attn_output.weight", D, H * Dv);
-    one(l + "norm2.weight", b + "ffn_norm.weight", 1, D);
-    r.push_back({l + "linear1.weight", {{b + "ffn_gate.weight", F, D, 0}, {b + "ffn_up.weight", F, D, 0}}});
-    one(l + "linear2.weight", b + "ffn_down.weight", D, F);
+  const Name top[] = {{"model.embed_tokens.weight", "token_embd.weight", 0},
+                      {"model.norm.weight", "output_norm.weight", 0},
+                      {"lm_head.weight", "output.weight", 0}};
+  const Name layer[] = {{"input_layernorm.weight", "attn_norm.weight", 0},
+                        {"self_attn.q_proj.weight", "attn_q.weight", c.n_heads},
+                        {"self_attn.k_proj.weight", "attn_k.weight", c.kv_heads()},
+                        {"self_attn.v_proj.weight", "attn_v.weight", 0},
+                        {"self_attn.o_proj.weight", "attn_output.weight", 0},
+                        {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+                        {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+                        {"mlp.up_proj.weight", "ffn_up.weight", 0},
+                        {"mlp.down_proj.weight", "ffn_down.weight", 0}};
+  // a matrix (rows, cols); a vector as one row of ggml's ne[0] = cols
+  const int64_t rows = hf.shape.size() == 2 ? hf.shape[0] : 1, cols = hf.shape.back();
+  for (const Name& n : top)
+    if (hf.name == n.hf) return {n.gguf, rows, cols, n.heads};
+  const std::string layers = "model.layers.";
+  if (hf.name.rfind(layers, 0) == 0) {
+    const size_t dot = hf.name.find('.', layers.size());
+    const std::string i = hf.name.substr(layers.size(), dot - layers.size()), rest = hf.name.substr(dot + 1);
+    for (const Name& n : layer)
+      if (rest == n.hf) return {"blk." + i + "." + n.gguf, rows, cols, n.heads};
   }
-  one("norm.weight", "output_norm.weight", 1, D);
-  if (!c.tie_embeddings) one("lm_head.weight", "output.weight", V, D);
+  throw Error(detail::concat("GGUF: llama.cpp's Llama has no tensor for Hugging Face's \"", hf.name, "\""));
+}
+
+// The llama family's rules (src/models/hf.cpp) under llama.cpp's names.
+std::vector<Rule> llama_rules(const ModelConfig& c) {
+  check(!c.bias, "GGUF: llama.cpp's Llama has no biases");
+  std::vector<Rule> r;
+  for (const family::Rule& hf : family::rules("llama", c, "model.")) {
+    Rule g{hf.param, {}};
+    for (const family::Part& p : hf.parts) g.parts.push_back(gguf_part(p, c));
+    r.push_back(std::move(g));
+  }
   return r;
 }
 

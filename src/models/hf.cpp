@@ -20,6 +20,7 @@
 
 #include "io/json_strict.h"
 #include "kernels/positional.h"
+#include "models/families.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
 #include "qkv/safetensors.h"
@@ -236,7 +237,8 @@ int64_t check_id2label(const Keys& c) {
   return static_cast<int64_t>(m.size());
 }
 
-ModelConfig bert_config(const Keys& c, const json& j) {
+ModelConfig bert_config(const Keys& c) {
+  const json& j = c.j;
   ModelConfig m;
   // the head: from "architectures" (BertForMaskedLM, BertForSequenceClassification; BertModel or
   // none: the bare encoder)
@@ -342,20 +344,8 @@ ModelConfig marian_config(const Keys& c) {
 
 // ---- weights -----------------------------------------------------------------------------------
 
-// One tensor of the checkpoint as a parameter needs it: its name, the shape it must have in the
-// file, and whether it is stored transposed (GPT-2's Conv1D keeps weights as (in, out)).
-struct Part {
-  std::string name;
-  std::vector<int64_t> shape;
-  bool transpose = false;
-  bool flat = false;  // read as the parameter's elements whatever the file's shape (Marian's (1, V) bias)
-};
-
-// A parameter made of parts stacked along its first dimension (one part: the tensor itself).
-struct Rule {
-  std::string param;
-  std::vector<Part> parts;
-};
+using family::Part;
+using family::Rule;
 
 // The checkpoint: one file, or shards by a weight map.
 class Checkpoint {
@@ -418,11 +408,6 @@ class Checkpoint {
   std::map<std::string, size_t> where_;
 };
 
-
-// "transformer." when the checkpoint's names carry that prefix (GPT2LMHeadModel), "" otherwise.
-std::string prefix_of(const Checkpoint& ck, const std::string& prefix, const std::string& probe) {
-  return ck.find(prefix + probe) ? prefix : "";
-}
 
 std::vector<Rule> gpt2_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
@@ -631,155 +616,150 @@ const char* hf_activation_name(Activation a, bool gpt2) {
   return nullptr;
 }
 
-// The family a config maps onto, and its config.json; every requirement checked in order, the
-// first unmet one named.
-struct Mapping {
+// What an exported config must satisfy, checked in order: the first unmet requirement is named.
+struct Needs {
+  const ModelConfig& c;
   std::string type;
-  json config;
-};
-
-Mapping map_config(const ModelConfig& c, const std::vector<std::string>& labels = {}) {
-  auto need = [&](bool ok, const std::string& type, const std::string& setting, const char* why) {
+  void operator()(bool ok, const std::string& setting, const char* why) const {
     if (!ok)
       throw Error(detail::concat("config: ", setting, " does not map onto Hugging Face's ", type, " (", why, ")"));
-  };
-  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  const int64_t D = c.d_model, H = c.n_heads;
-  const bool plain_heads = c.kv_heads() == H && c.head_dim_k() * H == D && c.head_dim_v() == c.head_dim_k();
-  const std::string heads = detail::concat("n_kv_heads = ", c.kv_heads(), ", d_k = ", c.head_dim_k(), ", d_v = ",
-                                           c.head_dim_v());
-  const char* act = hf_activation_name(c.activation, c.arch == Arch::Decoder && c.positional == Positional::Learned);
-  Mapping m;
-  json& j = m.config;
-  if (c.arch == Arch::Decoder) {
-    need(c.positional == Positional::Learned || c.positional == Positional::Rope, "gpt2 or llama",
-         detail::concat("positional = ", positional_name(c.positional)), "gpt2 has learned positions, llama RoPE");
-    const bool gpt2 = c.positional == Positional::Learned;
-    const std::string t = gpt2 ? "gpt2" : "llama";
-    m.type = t;
-    need(c.norm == (gpt2 ? NormKind::LayerNorm : NormKind::RMSNorm), t, c.norm == NormKind::LayerNorm ? "norm = layernorm" : "norm = rmsnorm",
-         gpt2 ? "GPT-2 uses LayerNorm" : "Llama uses RMSNorm");
-    need(c.norm_first, t, "norm_first = false", "its layers are pre-norm");
-    need(c.final_norm, t, "final_norm = false", "it has a final norm");
-    need(!c.scale_embeddings, t, "scale_embeddings = true", "its embeddings are not scaled");
-    need(c.type_vocab_size == 0, t, detail::concat("type_vocab_size = ", c.type_vocab_size), "it has no token types");
-    need(!c.embed_norm, t, "embed_norm = true", "it has no embedding norm");
-    need(!c.logits_bias, t, "logits_bias = true", "its head has no bias");
-    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
-    if (gpt2) {
-      need(c.fused_qkv, t, "fused_qkv = false", "GPT-2's c_attn is one fused projection");
-      need(c.bias, t, "bias = false", "GPT-2 has biases");
-      need(plain_heads, t, heads, "GPT-2 has n_heads heads of d_model / n_heads for queries, keys and values");
-      need(!c.gated, t, "gated = true", "GPT-2's MLP is not gated");
-      j = {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", c.vocab_size},
-           {"n_embd", D}, {"n_head", H}, {"n_layer", c.n_layers}, {"n_inner", c.d_ff}, {"n_positions", c.max_len},
-           {"n_ctx", c.max_len}, {"activation_function", act}, {"layer_norm_epsilon", c.norm_eps},
-           {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout}, {"attn_pdrop", 0.0},
-           {"tie_word_embeddings", c.tie_embeddings}, {"initializer_range", c.init_std}};
-    } else {
-      need(!c.fused_qkv, t, "fused_qkv = true", "Llama has separate q_proj, k_proj and v_proj");
-      need(c.gated, t, "gated = false", "Llama's MLP is gated (gate_proj, up_proj)");
-      need(c.head_dim_v() == c.head_dim_k(), t, heads, "Llama's keys and values have one head_dim");
-      j = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", c.vocab_size},
-           {"hidden_size", D}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
-           {"num_attention_heads", H}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim_k()},
-           {"hidden_act", act}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
-           {"max_position_embeddings", c.max_len}, {"tie_word_embeddings", c.tie_embeddings},
-           {"attention_bias", c.bias}, {"mlp_bias", c.bias}, {"rope_scaling", nullptr},
-           {"initializer_range", c.init_std}};
-    }
-  } else if (c.arch == Arch::EncoderDecoder) {
-    const std::string t = "marian";
-    m.type = t;
-    need(c.positional == Positional::SinusoidalSplitHalf, t, detail::concat("positional = ", positional_name(c.positional)),
-         "Marian's positions are sinusoidal_split_half");
-    need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5, t,
-         detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
-         "Marian uses LayerNorm with eps 1e-5");
-    need(!c.norm_first, t, "norm_first = true", "Marian's layers are post-norm");
-    need(!c.final_norm, t, "final_norm = true", "Marian has no final norms");
-    need(!c.fused_qkv, t, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
-    need(c.bias, t, "bias = false", "Marian has biases");
-    need(plain_heads, t, heads, "Marian has n_heads heads of d_model / n_heads");
-    need(!c.gated, t, "gated = true", "Marian's feed-forward is not gated");
-    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
-    need(c.source_vocab() == c.vocab_size, t, detail::concat("src_vocab_size = ", c.source_vocab()),
-         "Marian has one vocabulary");
-    need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0, t,
-         detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
-         "Marian needs pad, eos and decoder-start tokens");
-    j = {{"model_type", "marian"}, {"architectures", {"MarianMTModel"}}, {"vocab_size", c.vocab_size},
-         {"decoder_vocab_size", c.vocab_size}, {"d_model", D}, {"encoder_layers", c.n_encoder_layers},
-         {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", H}, {"decoder_attention_heads", H},
-         {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
-         {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
-         {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
-         {"share_encoder_decoder_embeddings", c.share_embeddings}, {"tie_word_embeddings", c.tie_embeddings},
-         {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id},
-         {"dropout", c.dropout}, {"attention_dropout", 0.0}, {"activation_dropout", 0.0},
-         {"init_std", c.init_std}, {"is_encoder_decoder", true}};
-  } else {
-    const std::string t = "bert";
-    m.type = t;
-    need(c.positional == Positional::Learned, t, detail::concat("positional = ", positional_name(c.positional)),
-         "BERT has learned positions");
-    need(c.norm == NormKind::LayerNorm, t, "norm = rmsnorm", "BERT uses LayerNorm");
-    need(!c.norm_first, t, "norm_first = true", "BERT's layers are post-norm");
-    need(!c.final_norm, t, "final_norm = true", "BERT has no final norm");
-    need(c.embed_norm, t, "embed_norm = false", "BERT normalises its embeddings");
-    need(c.type_vocab_size > 0, t, "type_vocab_size = 0", "BERT has token-type embeddings");
-    need(!c.scale_embeddings, t, "scale_embeddings = true", "BERT's embeddings are not scaled");
-    need(!c.fused_qkv, t, "fused_qkv = true", "BERT has separate query, key and value");
-    need(c.bias, t, "bias = false", "BERT has biases");
-    need(plain_heads, t, heads, "BERT has n_heads heads of d_model / n_heads");
-    need(!c.gated, t, "gated = true", "BERT's feed-forward is not gated");
-    need(act != nullptr, t, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
-    if (c.arch == Arch::EncoderClassifier) {
-      need(c.pooling == Pooling::First && c.pooler, t,
-           detail::concat("pooling = ", c.pooling == Pooling::Mean ? "mean" : "first", ", pooler = ", b(c.pooler)),
-           "BERT classifies its first token through the tanh pooler");
-    }
-    need(c.arch != Arch::EncoderMLM || c.tie_embeddings, t, "tie_embeddings = false",
-         "qkv writes BERT's masked-LM decoder tied to the word embeddings");
-    const char* arch = c.arch == Arch::EncoderClassifier ? "BertForSequenceClassification"
-                       : c.arch == Arch::EncoderMLM      ? "BertForMaskedLM"
-                                                         : "BertModel";
-    j = {{"model_type", "bert"}, {"architectures", {arch}}, {"vocab_size", c.vocab_size}, {"hidden_size", D},
-         {"num_hidden_layers", c.n_layers}, {"num_attention_heads", H}, {"intermediate_size", c.d_ff},
-         {"hidden_act", act}, {"max_position_embeddings", c.max_len}, {"type_vocab_size", c.type_vocab_size},
-         {"layer_norm_eps", c.norm_eps}, {"pad_token_id", c.pad_id >= 0 ? c.pad_id : 0},
-         {"position_embedding_type", "absolute"}, {"hidden_dropout_prob", c.dropout},
-         {"attention_probs_dropout_prob", 0.0}, {"initializer_range", c.init_std}};
-    if (c.arch == Arch::EncoderClassifier) {
-      j["num_labels"] = c.num_classes;
-      json id2label = json::object(), label2id = json::object();
-      check(labels.empty() || static_cast<int64_t>(labels.size()) == c.num_classes, "export: ", labels.size(),
-            " label names for a classifier of num_classes = ", c.num_classes);
-      for (int64_t k = 0; k < c.num_classes; ++k) {
-        const std::string name = labels.empty() ? "LABEL_" + std::to_string(k) : labels[static_cast<size_t>(k)];
-        check(!label2id.contains(name), "export: the label name \"", name, "\" is given twice");
-        id2label[std::to_string(k)] = name;
-        label2id[name] = k;
-      }
-      j["id2label"] = id2label;
-      j["label2id"] = label2id;
-    }
   }
-  if (c.arch != Arch::EncoderDecoder) {
-    if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
-    if (c.eos_id >= 0) j["eos_token_id"] = c.eos_id;
-    if (c.pad_id >= 0 && m.type != "bert") j["pad_token_id"] = c.pad_id;
+  // n_heads heads of d_model / n_heads dimensions for queries, keys and values
+  void plain_heads(const char* why) const {
+    (*this)(c.kv_heads() == c.n_heads && c.head_dim_k() * c.n_heads == c.d_model && c.head_dim_v() == c.head_dim_k(),
+            heads(), why);
   }
-  j["torch_dtype"] = "float32";
-  return m;
+  std::string heads() const {
+    return detail::concat("n_kv_heads = ", c.kv_heads(), ", d_k = ", c.head_dim_k(), ", d_v = ", c.head_dim_v());
+  }
+  // the activation's Hugging Face name (GPT-2 calls the tanh GELU gelu_new)
+  const char* activation() const {
+    const char* a = hf_activation_name(c.activation, type == "gpt2");
+    (*this)(a != nullptr, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
+    return a;
+  }
+  // GPT-2 and Llama: a pre-norm decoder with a final norm and an unscaled, unnormalised embedding
+  void pre_norm_decoder(NormKind norm, const char* why_norm) const {
+    (*this)(c.norm == norm, c.norm == NormKind::LayerNorm ? "norm = layernorm" : "norm = rmsnorm", why_norm);
+    (*this)(c.norm_first, "norm_first = false", "its layers are pre-norm");
+    (*this)(c.final_norm, "final_norm = false", "it has a final norm");
+    (*this)(!c.scale_embeddings, "scale_embeddings = true", "its embeddings are not scaled");
+    (*this)(c.type_vocab_size == 0, detail::concat("type_vocab_size = ", c.type_vocab_size), "it has no token types");
+    (*this)(!c.embed_norm, "embed_norm = true", "it has no embedding norm");
+    (*this)(!c.logits_bias, "logits_bias = true", "its head has no bias");
+  }
+};
+
+json gpt2_export(const Needs& need, const std::vector<std::string>&) {
+  const ModelConfig& c = need.c;
+  need.pre_norm_decoder(NormKind::LayerNorm, "GPT-2 uses LayerNorm");
+  const char* act = need.activation();
+  need(c.fused_qkv, "fused_qkv = false", "GPT-2's c_attn is one fused projection");
+  need(c.bias, "bias = false", "GPT-2 has biases");
+  need.plain_heads("GPT-2 has n_heads heads of d_model / n_heads for queries, keys and values");
+  need(!c.gated, "gated = true", "GPT-2's MLP is not gated");
+  return {{"model_type", "gpt2"}, {"architectures", {"GPT2LMHeadModel"}}, {"vocab_size", c.vocab_size},
+          {"n_embd", c.d_model}, {"n_head", c.n_heads}, {"n_layer", c.n_layers}, {"n_inner", c.d_ff},
+          {"n_positions", c.max_len}, {"n_ctx", c.max_len}, {"activation_function", act},
+          {"layer_norm_epsilon", c.norm_eps}, {"resid_pdrop", c.dropout}, {"embd_pdrop", c.dropout},
+          {"attn_pdrop", 0.0}, {"tie_word_embeddings", c.tie_embeddings}, {"initializer_range", c.init_std}};
 }
 
-std::vector<Rule> rules_for(const std::string& type, const ModelConfig& c, const std::string& prefix,
-                            std::set<std::string>& ignore) {
-  if (type == "gpt2") return gpt2_rules(c, prefix, ignore);
-  if (type == "llama") return llama_rules(c, prefix, ignore);
-  if (type == "bert") return bert_rules(c, prefix, ignore);
-  return marian_rules(c, prefix, ignore);
+json llama_export(const Needs& need, const std::vector<std::string>&) {
+  const ModelConfig& c = need.c;
+  need.pre_norm_decoder(NormKind::RMSNorm, "Llama uses RMSNorm");
+  const char* act = need.activation();
+  need(!c.fused_qkv, "fused_qkv = true", "Llama has separate q_proj, k_proj and v_proj");
+  need(c.gated, "gated = false", "Llama's MLP is gated (gate_proj, up_proj)");
+  need(c.head_dim_v() == c.head_dim_k(), need.heads(), "Llama's keys and values have one head_dim");
+  return {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}}, {"vocab_size", c.vocab_size},
+          {"hidden_size", c.d_model}, {"intermediate_size", c.d_ff}, {"num_hidden_layers", c.n_layers},
+          {"num_attention_heads", c.n_heads}, {"num_key_value_heads", c.kv_heads()}, {"head_dim", c.head_dim_k()},
+          {"hidden_act", act}, {"rms_norm_eps", c.norm_eps}, {"rope_theta", c.rope_theta},
+          {"max_position_embeddings", c.max_len}, {"tie_word_embeddings", c.tie_embeddings},
+          {"attention_bias", c.bias}, {"mlp_bias", c.bias}, {"rope_scaling", nullptr},
+          {"initializer_range", c.init_std}};
+}
+
+json marian_export(const Needs& need, const std::vector<std::string>&) {
+  const ModelConfig& c = need.c;
+  need(c.positional == Positional::SinusoidalSplitHalf, detail::concat("positional = ", positional_name(c.positional)),
+       "Marian's positions are sinusoidal_split_half");
+  need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5,
+       detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
+       "Marian uses LayerNorm with eps 1e-5");
+  need(!c.norm_first, "norm_first = true", "Marian's layers are post-norm");
+  need(!c.final_norm, "final_norm = true", "Marian has no final norms");
+  need(!c.fused_qkv, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
+  need(c.bias, "bias = false", "Marian has biases");
+  need.plain_heads("Marian has n_heads heads of d_model / n_heads");
+  need(!c.gated, "gated = true", "Marian's feed-forward is not gated");
+  const char* act = need.activation();
+  need(c.source_vocab() == c.vocab_size, detail::concat("src_vocab_size = ", c.source_vocab()),
+       "Marian has one vocabulary");
+  need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0,
+       detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
+       "Marian needs pad, eos and decoder-start tokens");
+  return {{"model_type", "marian"}, {"architectures", {"MarianMTModel"}}, {"vocab_size", c.vocab_size},
+          {"decoder_vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"encoder_layers", c.n_encoder_layers},
+          {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", c.n_heads},
+          {"decoder_attention_heads", c.n_heads}, {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
+          {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
+          {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
+          {"share_encoder_decoder_embeddings", c.share_embeddings}, {"tie_word_embeddings", c.tie_embeddings},
+          {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id},
+          {"dropout", c.dropout}, {"attention_dropout", 0.0}, {"activation_dropout", 0.0},
+          {"init_std", c.init_std}, {"is_encoder_decoder", true}};
+}
+
+json bert_export(const Needs& need, const std::vector<std::string>& labels) {
+  const ModelConfig& c = need.c;
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  need(c.positional == Positional::Learned, detail::concat("positional = ", positional_name(c.positional)),
+       "BERT has learned positions");
+  need(c.norm == NormKind::LayerNorm, "norm = rmsnorm", "BERT uses LayerNorm");
+  need(!c.norm_first, "norm_first = true", "BERT's layers are post-norm");
+  need(!c.final_norm, "final_norm = true", "BERT has no final norm");
+  need(c.embed_norm, "embed_norm = false", "BERT normalises its embeddings");
+  need(c.type_vocab_size > 0, "type_vocab_size = 0", "BERT has token-type embeddings");
+  need(!c.scale_embeddings, "scale_embeddings = true", "BERT's embeddings are not scaled");
+  need(!c.fused_qkv, "fused_qkv = true", "BERT has separate query, key and value");
+  need(c.bias, "bias = false", "BERT has biases");
+  need.plain_heads("BERT has n_heads heads of d_model / n_heads");
+  need(!c.gated, "gated = true", "BERT's feed-forward is not gated");
+  const char* act = need.activation();
+  if (c.arch == Arch::EncoderClassifier) {
+    need(c.pooling == Pooling::First && c.pooler,
+         detail::concat("pooling = ", c.pooling == Pooling::Mean ? "mean" : "first", ", pooler = ", b(c.pooler)),
+         "BERT classifies its first token through the tanh pooler");
+  }
+  need(c.arch != Arch::EncoderMLM || c.tie_embeddings, "tie_embeddings = false",
+       "qkv writes BERT's masked-LM decoder tied to the word embeddings");
+  const char* arch = c.arch == Arch::EncoderClassifier ? "BertForSequenceClassification"
+                     : c.arch == Arch::EncoderMLM      ? "BertForMaskedLM"
+                                                       : "BertModel";
+  json j = {{"model_type", "bert"}, {"architectures", {arch}}, {"vocab_size", c.vocab_size},
+            {"hidden_size", c.d_model}, {"num_hidden_layers", c.n_layers}, {"num_attention_heads", c.n_heads},
+            {"intermediate_size", c.d_ff}, {"hidden_act", act}, {"max_position_embeddings", c.max_len},
+            {"type_vocab_size", c.type_vocab_size}, {"layer_norm_eps", c.norm_eps},
+            {"pad_token_id", c.pad_id >= 0 ? c.pad_id : 0}, {"position_embedding_type", "absolute"},
+            {"hidden_dropout_prob", c.dropout}, {"attention_probs_dropout_prob", 0.0},
+            {"initializer_range", c.init_std}};
+  if (c.arch == Arch::EncoderClassifier) {
+    j["num_labels"] = c.num_classes;
+    json id2label = json::object(), label2id = json::object();
+    check(labels.empty() || static_cast<int64_t>(labels.size()) == c.num_classes, "export: ", labels.size(),
+          " label names for a classifier of num_classes = ", c.num_classes);
+    for (int64_t k = 0; k < c.num_classes; ++k) {
+      const std::string name = labels.empty() ? "LABEL_" + std::to_string(k) : labels[static_cast<size_t>(k)];
+      check(!label2id.contains(name), "export: the label name \"", name, "\" is given twice");
+      id2label[std::to_string(k)] = name;
+      label2id[name] = k;
+    }
+    j["id2label"] = id2label;
+    j["label2id"] = label2id;
+  }
+  return j;
 }
 
 // A stack of layers as config.json counts it: the key, its value, and one tensor each layer i has.
@@ -790,16 +770,100 @@ struct LayerStack {
   std::string probe(int64_t i) const { return head + std::to_string(i) + tail; }
 };
 
-std::vector<LayerStack> layer_stacks(const std::string& type, const ModelConfig& c, const std::string& p) {
-  if (type == "gpt2") return {{"n_layer", c.n_layers, p + "h.", ".ln_1.weight"}};
-  if (type == "llama") return {{"num_hidden_layers", c.n_layers, p + "layers.", ".input_layernorm.weight"}};
-  if (type == "bert")
-    return {{"num_hidden_layers", c.n_layers, p + "encoder.layer.", ".attention.output.dense.weight"}};
-  return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
-          {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
+// One Hugging Face family, everything qkv knows of it in one place.
+struct Family {
+  const char* type;                  // config.json's "model_type"
+  ModelConfig (*config)(const Keys&);  // config.json -> ModelConfig, each key checked
+  std::vector<Rule> (*rules)(const ModelConfig&, const std::string& prefix, std::set<std::string>& ignore);
+  std::vector<LayerStack> (*stacks)(const ModelConfig&, const std::string& prefix);
+  // the prefix a checkpoint's names may carry, and the names (under it) of which a checkpoint
+  // holding that prefix has at least one (one without any has bare names); the prefix its
+  // classes save a model of config c under
+  const char* prefix;
+  std::vector<const char*> probes;
+  std::string (*saved_prefix)(const ModelConfig&);
+  json (*export_config)(const Needs&, const std::vector<std::string>& labels);
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> all = {
+      {"gpt2", gpt2_config, gpt2_rules,
+       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
+         return {{"n_layer", c.n_layers, p + "h.", ".ln_1.weight"}};
+       },
+       "transformer.", {"wte.weight"}, [](const ModelConfig&) -> std::string { return "transformer."; }, gpt2_export},
+      {"llama", llama_config, llama_rules,
+       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
+         return {{"num_hidden_layers", c.n_layers, p + "layers.", ".input_layernorm.weight"}};
+       },
+       "model.", {"embed_tokens.weight"}, [](const ModelConfig&) -> std::string { return "model."; }, llama_export},
+      {"bert", bert_config, bert_rules,
+       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
+         return {{"num_hidden_layers", c.n_layers, p + "encoder.layer.", ".attention.output.dense.weight"}};
+       },
+       "bert.", {"embeddings.word_embeddings.weight"},
+       // BertModel saves bare names, the heads' classes under "bert."
+       [](const ModelConfig& c) -> std::string { return c.arch == Arch::Encoder ? "" : "bert."; }, bert_export},
+      {"marian", marian_config, marian_rules,
+       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
+         return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
+                 {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
+       },
+       "model.", {"shared.weight", "encoder.embed_tokens.weight"},
+       [](const ModelConfig&) -> std::string { return "model."; }, marian_export},
+  };
+  return all;
+}
+
+const Family* find_family(const std::string& type) {
+  for (const Family& f : families())
+    if (type == f.type) return &f;
+  return nullptr;
+}
+
+const Family& family_of(const std::string& type, const std::string& source) {
+  if (const Family* f = find_family(type)) return *f;
+  std::string names;
+  const size_t n = families().size();
+  for (size_t i = 0; i < n; ++i)
+    names += std::string(i == 0 ? "" : i + 1 == n ? " and " : ", ") + families()[i].type;
+  throw Error(detail::concat(source, ": \"model_type\" is \"", type, "\": qkv reads the Hugging Face model types ",
+                             names));
+}
+
+// The family a config maps onto (decoders by their positions: learned is GPT-2, RoPE Llama), and
+// its config.json, every requirement checked.
+struct Mapping {
+  std::string type;
+  json config;
+};
+
+Mapping map_config(const ModelConfig& c, const std::vector<std::string>& labels = {}) {
+  std::string type = c.arch == Arch::EncoderDecoder ? "marian" : c.arch == Arch::Decoder ? "" : "bert";
+  if (type.empty()) {
+    Needs need{c, "gpt2 or llama"};
+    need(c.positional == Positional::Learned || c.positional == Positional::Rope,
+         detail::concat("positional = ", positional_name(c.positional)), "gpt2 has learned positions, llama RoPE");
+    type = c.positional == Positional::Learned ? "gpt2" : "llama";
+  }
+  Mapping m{type, family_of(type, "export").export_config(Needs{c, type}, labels)};
+  json& j = m.config;
+  if (c.arch != Arch::EncoderDecoder) {
+    if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
+    if (c.eos_id >= 0) j["eos_token_id"] = c.eos_id;
+    if (c.pad_id >= 0 && m.type != "bert") j["pad_token_id"] = c.pad_id;
+  }
+  j["torch_dtype"] = "float32";
+  return m;
 }
 
 }  // namespace
+
+std::vector<family::Rule> family::rules(const std::string& type, const ModelConfig& c, const std::string& prefix,
+                                        std::set<std::string>* ignore) {
+  std::set<std::string> unused;
+  return family_of(type, "model family").rules(c, prefix, ignore ? *ignore : unused);
+}
 
 std::string hf_model_type_for(const ModelConfig& config) { return map_config(config).type; }
 
@@ -810,13 +874,10 @@ std::string save_hf_model(const Model& model, const std::string& dir, const std:
         ", which is not a classifier");
   const Mapping m = map_config(c, labels);
   // the names Hugging Face's own classes save under
-  const std::string prefix = m.type == "gpt2"    ? "transformer."
-                             : m.type == "llama" ? "model."
-                             : m.type == "marian" ? "model."
-                             : c.arch == Arch::Encoder ? ""
-                                                       : "bert.";
+  const Family& fam = family_of(m.type, "export");
+  const std::string prefix = fam.saved_prefix(c);
   std::set<std::string> ignore;
-  const std::vector<Rule> rules = rules_for(m.type, c, prefix, ignore);
+  const std::vector<Rule> rules = fam.rules(c, prefix, ignore);
   std::vector<std::pair<std::string, Tensor>> out;
   for (const Rule& r : rules) {
     const Parameter* param = model.find(r.param);
@@ -875,19 +936,7 @@ ModelConfig hf_config(const std::string& text, const std::string& source, std::s
         ": \"model_type\" must be a string (a Hugging Face config)");
   const std::string type = j.at("model_type").get<std::string>();
   if (model_type) *model_type = type;
-  ModelConfig m;
-  if (type == "gpt2") {
-    m = gpt2_config(c);
-  } else if (type == "llama") {
-    m = llama_config(c);
-  } else if (type == "bert") {
-    m = bert_config(c, j);
-  } else if (type == "marian") {
-    m = marian_config(c);
-  } else {
-    throw Error(detail::concat(source, ": \"model_type\" is \"", type,
-                               "\": qkv reads the Hugging Face model types gpt2, llama, bert and marian"));
-  }
+  const ModelConfig m = family_of(type, source).config(c);
   try {
     m.validate();
   } catch (const Error& e) {
@@ -905,23 +954,22 @@ Model load_hf_model(const std::string& dir, HfLoadReport* report, const LoadOpti
   std::string type;
   const ModelConfig cfg = hf_config(text, cfg_path, &type);
   const Checkpoint ck(dir);
+  const Family& fam = family_of(type, cfg_path);
   std::set<std::string> ignore;
   // the prefix the checkpoint's names carry (GPT2LMHeadModel's "transformer.", ...), if any
-  const std::string prefix =
-      type == "gpt2"    ? prefix_of(ck, "transformer.", "wte.weight")
-      : type == "llama" ? prefix_of(ck, "model.", "embed_tokens.weight")
-      : type == "bert"  ? prefix_of(ck, "bert.", "embeddings.word_embeddings.weight")
-                        : (ck.find("model.shared.weight") || ck.find("model.encoder.embed_tokens.weight") ? "model." : "");
+  std::string prefix;
+  for (const char* probe : fam.probes)
+    if (ck.find(std::string(fam.prefix) + probe)) prefix = fam.prefix;
   // Each stack's layer count against the layers the checkpoint holds, before a rule per layer is
   // planned (n_layer = 10^9 otherwise built rules until memory ran out).
-  for (const LayerStack& s : layer_stacks(type, cfg, prefix)) {
+  for (const LayerStack& s : fam.stacks(cfg, prefix)) {
     int64_t present = 0;
     while (present < s.layers && ck.find(resolve(ck, s.probe(present)))) ++present;
     check(present == s.layers, cfg_path, ": \"", s.key, "\" is ", s.layers, ", but ", ck.describe(), " holds ",
           present == 0 ? std::string("no layer") : detail::concat("layers 0..", present - 1, " only"), " (tensor \"",
           s.probe(present), "\" is missing)");
   }
-  std::vector<Rule> rules = rules_for(type, cfg, prefix, ignore);
+  std::vector<Rule> rules = fam.rules(cfg, prefix, ignore);
   for (Rule& r : rules)
     for (Part& p : r.parts) p.name = resolve(ck, p.name);
 

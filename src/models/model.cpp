@@ -65,6 +65,7 @@ namespace {
 // classifier's layers, or the encoder's) and `dec` decoder layers, in order, through r. The
 // constructor builds them; parameter_count plans with a counting registry.
 void build(const ModelConfig& c, Model::Impl& m, nn::Registry& r, int64_t enc, int64_t dec) {
+  m.arch = c.arch;
   switch (c.arch) {
     case Arch::Decoder:
       m.embed.create_table(r, "embed.weight", c.vocab_size, c);
@@ -370,14 +371,49 @@ Tensor Model::Impl::resolve_lengths(const Model& m, const Tensor& ids, const Ten
   return l;
 }
 
+Var Model::Impl::forward(nn::Context& c, Pass& p) const {
+  if (!p.memory && p.src.defined()) {
+    nn::Context& e = p.encoder ? *p.encoder : c;
+    p.memory = stack(e, src_embed(e, p.src), self_spec(false, p.lengths), p.encoder_caches);
+  }
+  if (!p.ids.defined()) return p.memory;
+  Var x = embed(c, p.ids);
+  if (p.memory) {
+    x = decoder(c, x, p.memory, self_spec(true, Tensor()), cross_spec(p.lengths), p.caches);
+  } else {
+    x = stack(c, x, self_spec(p.causal, p.lengths), p.caches);
+  }
+  if (p.last) {
+    // x <- x[b, last[b]]   (B, D): only the rows that predict the next token reach the head
+    const int64_t B = x->value.size(0), T = x->value.size(1), D = x->value.size(2);
+    check(static_cast<int64_t>(p.last->size()) == B, "forward: internal: ", p.last->size(), " last tokens for ", B,
+          " rows");
+    Tensor sel = Tensor::empty({B, D});
+    const float* px = x->value.data<float>();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t t = (*p.last)[static_cast<size_t>(b)];
+      check(t >= 0 && t < T, "forward: internal: last token ", t, " of row ", b, " is outside [0, ", T, ")");
+      std::copy(px + (b * T + t) * D, px + (b * T + t + 1) * D, sel.data<float>() + b * D);
+    }
+    x = make_var(sel);
+  }
+  if (p.memory) return lm_head(c, x);
+  switch (arch) {
+    case Arch::Decoder: return lm_head(c, x);
+    case Arch::EncoderClassifier: return classifier(c, x, p.lengths);  // pool, then the head
+    case Arch::EncoderMLM: return mlm(c, x);
+    default: return x;  // Encoder: the hidden states
+  }
+}
+
 Var Model::encode(Tape& tape, const Tensor& src, const Tensor& src_lengths, const ForwardOptions& opt) const {
   check(config_.arch == Arch::EncoderDecoder, "encode: the model is ", arch_name(config_.arch),
         ", not encoder-decoder");
   check_ids(src, "input (source ids)");
   nn::Context c = context(tape, config_, opt);
   c.next_stream = 1000;  // encoder dropout sites: streams 1000...
-  const Impl& m = *impl_;
-  return m.stack(c, m.src_embed(c, src), Impl::self_spec(false, src_lengths));
+  Impl::Pass p{.lengths = src_lengths, .src = src};
+  return impl_->forward(c, p);
 }
 
 Var Model::decode(Tape& tape, const Tensor& tgt_in, const Var& memory, const Tensor& src_lengths,
@@ -390,29 +426,25 @@ Var Model::decode(Tape& tape, const Tensor& tgt_in, const Var& memory, const Ten
         tgt_in.size(0));
   nn::Context c = context(tape, config_, opt);
   c.next_stream = 1u << 20;  // decoder dropout sites
-  const Impl& m = *impl_;
-  Var x = m.decoder(c, m.embed(c, tgt_in), memory, Impl::self_spec(true, Tensor()), Impl::cross_spec(src_lengths));
-  return m.lm_head(c, x);
+  Impl::Pass p{.ids = tgt_in, .lengths = src_lengths, .memory = memory};
+  return impl_->forward(c, p);
 }
 
 Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) const {
-  const Impl& m = *impl_;
   check_ids(batch.input, "input");
   const Tensor lengths = Impl::resolve_lengths(*this, batch.input, batch.input_lengths);
   if (config_.arch == Arch::EncoderDecoder) {
     check(batch.decoder_input.defined(), "batch: an encoder-decoder model needs decoder_input (the shifted target)");
-    Var memory = encode(tape, batch.input, lengths, opt);
-    return decode(tape, batch.decoder_input, memory, lengths, opt);
+    check_ids(batch.decoder_input, "decoder_input");
+    nn::Context e = context(tape, config_, opt), c = context(tape, config_, opt);
+    e.next_stream = 1000;    // encoder dropout sites: streams 1000...
+    c.next_stream = 1u << 20;  // decoder dropout sites
+    Impl::Pass p{.ids = batch.decoder_input, .lengths = lengths, .src = batch.input, .encoder = &e};
+    return impl_->forward(c, p);
   }
   nn::Context c = context(tape, config_, opt);
-  const bool causal = config_.arch == Arch::Decoder;
-  Var x = m.stack(c, m.embed(c, batch.input), Impl::self_spec(causal, lengths));
-  switch (config_.arch) {
-    case Arch::Decoder: return m.lm_head(c, x);
-    case Arch::EncoderClassifier: return m.classifier(c, x, lengths);  // pool, then the head
-    case Arch::EncoderMLM: return m.mlm(c, x);
-    default: return x;  // Encoder: the hidden states
-  }
+  Impl::Pass p{.ids = batch.input, .lengths = lengths, .causal = config_.arch == Arch::Decoder};
+  return impl_->forward(c, p);
 }
 
 void Model::check_batch(const Batch& b, const BatchNames& names) const {

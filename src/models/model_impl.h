@@ -8,6 +8,7 @@
 //   Encoder            embed -> stack (its hidden states are the output)
 //   EncoderDecoder     src_embed -> stack = the encoder;  embed -> decoder (cross-attending) -> lm_head
 #pragma once
+#include <cstdint>
 #include <vector>
 
 #include "nn/layers.h"
@@ -16,6 +17,7 @@
 namespace qkv {
 
 struct Model::Impl {
+  Arch arch = Arch::Decoder;
   std::vector<nn::Init> inits;
   nn::Embedder embed;           // the tokens (encoder-decoder: the target's)
   nn::Embedder src_embed;       // encoder-decoder: the source's
@@ -24,6 +26,27 @@ struct Model::Impl {
   nn::LMHead lm_head;           // decoder-only, encoder-decoder
   nn::ClassifierHead classifier;  // encoder-classifier
   nn::MaskedLMHead mlm;           // encoder-mlm
+
+  // The one forward composition. Training (Model::logits, encode, decode), cached decoding
+  // (src/infer/generate.cpp) and tracing (trace_attention) all run it; they differ only in the
+  // Context (tape, dropout, the decoding Step) and the caches they pass:
+  //   memory <- encoder(src_embed(src))            encoder-decoder, unless `memory` is given
+  //   x      <- stack(embed(ids))                  causal for a decoder; the decoder over memory
+  //   out    <- head(x), or head(x[b, last[b]])    lm_head, classifier, masked-LM head, or x itself
+  struct Pass {
+    Tensor ids{};      // (B, T): the tokens (an encoder-decoder's: the decoder's input); undefined: encode only
+    Tensor lengths{};  // (B) or undefined: key lengths of the input (an encoder-decoder's: of the source)
+    Tensor src{};      // encoder-decoder: the source ids (B, S), encoded when `memory` is not given
+    Var memory{};      // encoder-decoder: the encoder's output (B, S, D); set when this pass encodes
+    bool causal = true;                                     // decoder-only: the self-attention mask
+    nn::Context* encoder = nullptr;                         // the encoder's context when not c's
+    std::vector<nn::LayerCache>* caches = nullptr;          // the decoder side's (or the only stack's)
+    std::vector<nn::LayerCache>* encoder_caches = nullptr;  // the encoder's
+    const std::vector<int64_t>* last = nullptr;             // the head sees row b's token last[b] only
+  };
+  // The head's output: logits, or the hidden states of a bare encoder; with `last`, (B, V).
+  // An encoder-decoder pass without ids returns the memory.
+  Var forward(nn::Context& c, Pass& p) const;
 
   // The attention masks of the stacks: self-attention (causal in a decoder; key lengths, when
   // given, block padding) and the decoder's cross-attention over the source.
