@@ -316,6 +316,38 @@ TEST(Quant, RowsDependOnNeitherThreadsNorOtherRows) {
   }
 }
 
+TEST(Quant, PartsAreEachPartsOwnProductBitForBit) {
+  // gemv_parts (q, k and v from one quantisation of x, one parallel region) against gemv on each
+  // part, on every ISA and thread count: parts of uneven row counts (chunks of 16 crossing part
+  // ends), an empty part, one row.
+  std::mt19937 rng(17);
+  const int64_t K = 160;
+  const std::vector<int64_t> rows = {37, 0, 16, 1, 50};
+  for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
+    std::vector<std::vector<uint8_t>> W;
+    for (int64_t n : rows) W.push_back(random_matrix(t, n, K, rng, nullptr));
+    std::vector<float> x(K);
+    for (float& v : x) v = std::normal_distribution<float>(0, 1)(rng);
+    std::vector<uint8_t> ws(gemv_workspace_bytes(t, K));
+    for (const auto& [name, k] : tables())
+      for (int threads : {1, 2, 3}) {
+        std::vector<std::vector<float>> want, got;
+        std::vector<GemvPart> parts;
+        for (size_t p = 0; p < rows.size(); ++p) {
+          want.emplace_back(rows[p] + 1, -7.0f), got.emplace_back(rows[p] + 1, -7.0f);
+          gemv_with(k, t, W[p].data(), rows[p], K, x.data(), want[p].data(), ws.data(), threads);
+        }
+        for (size_t p = 0; p < rows.size(); ++p) parts.push_back({W[p].data(), rows[p], got[p].data()});
+        gemv_parts_with(k, t, parts.data(), static_cast<int64_t>(parts.size()), K, x.data(), ws.data(), threads);
+        for (size_t p = 0; p < rows.size(); ++p) {
+          EXPECT_EQ(std::memcmp(want[p].data(), got[p].data(), want[p].size() * 4), 0)
+              << name << " " << wtype_name(t) << " threads " << threads << " part " << p;
+          EXPECT_EQ(got[p].back(), -7.0f) << "part " << p << " written past its rows";
+        }
+      }
+  }
+}
+
 TEST(Quant, ActivationQuantisationErrorIsBounded) {
   // per block: |x - d q| <= d / 2 with d = max|x| / 127, and the all-zero block stays zero
   std::mt19937 rng(3);

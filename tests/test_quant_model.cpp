@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <random>
 #include <cstring>
 #include <vector>
 
@@ -145,6 +146,46 @@ TEST(QuantModel, GreedyTokensAreTheSameAloneBatchedAndAtAnyThreadCount) {
 
 bool same_bits(const Tensor& a, const Tensor& b) {
   return a.shape() == b.shape() && std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()) == 0;
+}
+
+TEST(QuantModel, LinearPartsIsLinearOnEachPartBitForBit) {
+  // decoding's q, k and v through ops::linear_parts (one quantisation of each row, one parallel
+  // region) against ops::linear on each with its segment of the shared bias, for every packed
+  // type, a few rows and the many-row path; mixed types and float32 weights take ops::linear
+  std::mt19937 rng(4);
+  auto randn = [&](std::vector<int64_t> shape) {
+    Tensor t = Tensor::empty(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = std::normal_distribution<float>(0, 1)(rng);
+    return t;
+  };
+  Tape tape;
+  tape.recording = false;
+  const Var b = make_var(randn({64 + 32 + 32}));
+  const std::vector<int64_t> at = {0, 64, 96};
+  for (const int64_t rows : {1, 3, 40}) {
+    const Var x = make_var(randn({rows, 64}));
+    for (const WType t : {WType::Q8_0, WType::Q4_0, WType::BF16, WType::F16, WType::F32}) {
+      std::vector<Var> w = {make_var(randn({64, 64})), make_var(randn({32, 64})), make_var(randn({32, 64}))};
+      if (t != WType::F32)
+        for (Var& wi : w) wi->packed = pack_weight(wi->value, t, "w");
+      // a mixed set: the last part at another type
+      std::vector<Var> mixed = w;
+      if (t == WType::Q4_0) {
+        mixed[2] = make_var(randn({32, 64}));
+        mixed[2]->packed = pack_weight(mixed[2]->value, WType::Q8_0, "v");
+      }
+      for (const std::vector<Var>* set : {&w, &mixed}) {
+        const std::vector<Var> got = ops::linear_parts(tape, x, *set, b, at);
+        ASSERT_EQ(got.size(), 3u);
+        for (size_t i = 0; i < 3; ++i) {
+          const Tensor want = ops::linear(tape, x, (*set)[i], b, 0, -1, at[i])->value;
+          ASSERT_EQ(got[i]->value.shape(), want.shape());
+          EXPECT_EQ(std::memcmp(got[i]->value.data<float>(), want.data<float>(), want.numel() * 4), 0)
+              << wtype_name(t) << " rows " << rows << " part " << i << (set == &mixed ? " (mixed types)" : "");
+        }
+      }
+    }
+  }
 }
 
 TEST(QuantModel, PackedWeightsAreForInference) {

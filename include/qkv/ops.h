@@ -6,6 +6,7 @@
 // Dimension names: B batch, T sequence, C channels (d_model), V vocabulary, N = rows.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "qkv/activation.h"
 #include "qkv/attention.h"
@@ -22,6 +23,14 @@ namespace ops {
 // x: (..., In)   w: (Out, In)   b: (>= c0 + r1 - r0) or nullptr   ->   (..., r1 - r0)
 Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_begin = 0, int64_t row_end = -1,
            int64_t bias_begin = -1);
+
+// ops::linear of x by each of several weights (decoding's q, k and v projections): part i is
+// x w_i^T + b[bias_begin[i] ..] (b may be nullptr). Weights packed to one type, of one width,
+// multiplied row by row as ops::linear does (decoding's few rows, or under BatchInvariantGemm),
+// take one quantisation of each row of x and one parallel region for all parts; the results are
+// ops::linear's bit for bit either way.
+std::vector<Var> linear_parts(Tape& tape, const Var& x, const std::vector<Var>& w, const Var& b,
+                              const std::vector<int64_t>& bias_begin);
 
 // a + b (same shape): a residual connection.
 Var add(Tape& tape, const Var& a, const Var& b);

@@ -452,13 +452,20 @@ size_t gemv_workspace_bytes(WType t, int64_t K) {
   return nb * sizeof(float) + static_cast<size_t>(K) + (t == WType::Q4_0 ? nb * 8 * sizeof(int32_t) : 0);
 }
 
-void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
-               void* workspace, int threads) {
-  check(N >= 0, "gemv: negative row count ", N);
+void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x,
+                     void* workspace, int threads) {
   check(t != WType::F32, "gemv: f32 weights go through qkv::sgemm");
+  check(n_parts >= 0 && n_parts <= 16, "gemv: ", n_parts, " parts (at most 16)");
+  // Rows in fixed chunks of 16: each row's sum is one thread's, in an order set by K alone.
+  constexpr int64_t kRows = 16;
+  int64_t first[17] = {0};  // part p's chunks are [first[p], first[p + 1])
+  for (int64_t p = 0; p < n_parts; ++p) {
+    check(parts[p].N >= 0, "gemv: negative row count ", parts[p].N);
+    first[p + 1] = first[p] + (parts[p].N + kRows - 1) / kRows;
+  }
   const size_t rb = row_bytes(t, K);
-  if (N == 0) return;
-  const auto* base = static_cast<const uint8_t*>(W);
+  const int64_t chunks = first[n_parts];
+  if (chunks == 0) return;
   const int64_t nb = K / kQBlock;
   float* xd = nullptr;
   int8_t* xq = nullptr;
@@ -474,18 +481,20 @@ void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, 
       q4_lane_corrections(xq, nb, corr);
     }
   }
-  // Rows in fixed chunks of 16: each row's sum is one thread's, in an order set by K alone.
-  constexpr int64_t kRows = 16;
-  const int64_t chunks = (N + kRows - 1) / kRows;
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(static) if (chunks > 1 && threads > 1)
   for (int64_t c = 0; c < chunks; ++c) {
+    int64_t p = 0;
+    while (c >= first[p + 1]) ++p;
+    const GemvPart& part = parts[p];
+    const auto* base = static_cast<const uint8_t*>(part.W);
+    const int64_t n0 = (c - first[p]) * kRows, n1 = std::min(part.N, n0 + kRows);
+    float* y = part.y;
     if (t == WType::Q4_0 || t == WType::Q8_0) {
-      const int64_t n0 = c * kRows;
-      (t == WType::Q4_0 ? k.rows_q4_0 : k.rows_q8_0)(base + static_cast<size_t>(n0) * rb, rb,
-                                                     std::min(N, n0 + kRows) - n0, xd, xq, corr, nb, y + n0, k.vnni);
+      (t == WType::Q4_0 ? k.rows_q4_0 : k.rows_q8_0)(base + static_cast<size_t>(n0) * rb, rb, n1 - n0, xd, xq, corr,
+                                                     nb, y + n0, k.vnni);
       continue;
     }
-    for (int64_t n = c * kRows; n < std::min(N, (c + 1) * kRows); ++n) {
+    for (int64_t n = n0; n < n1; ++n) {
       const uint8_t* row = base + static_cast<size_t>(n) * rb;
       switch (t) {
         case WType::F32: break;  // refused above
@@ -498,9 +507,21 @@ void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, 
   }
 }
 
+void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
+               void* workspace, int threads) {
+  const GemvPart part{W, N, y};
+  gemv_parts_with(k, t, &part, 1, K, x, workspace, threads);
+}
+
 void gemv(WType t, const void* W, int64_t N, int64_t K, const float* x, float* y, void* workspace, int threads) {
   static const QuantIsa k = quant_isa(active_isa());
   gemv_with(k, t, W, N, K, x, y, workspace, threads);
+}
+
+void gemv_parts(WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x, void* workspace,
+                int threads) {
+  static const QuantIsa k = quant_isa(active_isa());
+  gemv_parts_with(k, t, parts, n_parts, K, x, workspace, threads);
 }
 
 void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y) {

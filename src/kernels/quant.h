@@ -103,6 +103,16 @@ void q4_lane_corrections(const int8_t* q, int64_t nb, int32_t* c);
 // holds the quantised activations: gemv_workspace_bytes(t, K) bytes (0 for float types).
 size_t gemv_workspace_bytes(WType t, int64_t K);
 void gemv(WType t, const void* W, int64_t N, int64_t K, const float* x, float* y, void* workspace, int threads);
+// Several matrices of one type and width K against the same x (decoding's q, k and v): y_p[n] =
+// W_p[n, :] . x for each part, every y_p[n] bitwise what gemv gives, from one quantisation of x
+// and one parallel region over all parts' rows.
+struct GemvPart {
+  const void* W;  // N rows of row_bytes(t, K) bytes
+  int64_t N;
+  float* y;       // (N)
+};
+void gemv_parts(WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x, void* workspace,
+                int threads);
 // The twin: weights dequantised, activations quantised as gemv does (for Q8_0 / Q4_0), float64.
 void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y);
 
@@ -141,8 +151,10 @@ QuantIsa quant_isa(Isa isa);
 QuantIsa quant_isa_w16avx2();
 bool cpu_has_avx512_vnni();
 
-// gemv with the given table (the tests run every ISA this CPU has).
+// gemv and gemv_parts with the given table (the tests run every ISA this CPU has).
 void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,
                void* workspace, int threads);
+void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x,
+                     void* workspace, int threads);
 
 }  // namespace qkv::kernels

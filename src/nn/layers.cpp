@@ -202,9 +202,8 @@ Var MultiHeadAttention::cached_self(Context& c, const Var& x, const AttentionSpe
     k = columns(all, H * Dk, G * Dk);
     v = columns(all, H * Dk + G * Dk, G * Dv);
   } else {
-    q = ops::linear(c.tape, x, q_w, in_b, 0, -1, 0)->value;
-    k = ops::linear(c.tape, x, k_w, in_b, 0, -1, H * Dk)->value;
-    v = ops::linear(c.tape, x, v_w, in_b, 0, -1, H * Dk + G * Dk)->value;
+    const std::vector<Var> qkv = ops::linear_parts(c.tape, x, {q_w, k_w, v_w}, in_b, {0, H * Dk, H * Dk + G * Dk});
+    q = qkv[0]->value, k = qkv[1]->value, v = qkv[2]->value;
   }
   // RoPE: rotate q and k by each row's positions
   if (pos.rope_theta > 0) {

@@ -139,6 +139,48 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
 
 }  // namespace
 
+std::vector<Var> linear_parts(Tape& tape, const Var& x, const std::vector<Var>& w, const Var& b,
+                              const std::vector<int64_t>& bias_begin) {
+  check(w.size() == bias_begin.size() && !w.empty() && w.size() <= 16, "linear_parts: ", w.size(), " weights and ",
+        bias_begin.size(), " bias offsets");
+  const Tensor& X = value_of(x, "linear", "input");
+  const int64_t N = X.dim() >= 1 ? X.numel() / std::max<int64_t>(X.size(-1), 1) : 0;
+  bool shared = X.dim() >= 1 && (N < kPackedGemmRows || BatchInvariantGemm::active()) &&
+                !(tape.recording && (needs_grad(x) || needs_grad(b)));
+  for (const Var& wi : w)
+    shared = shared && wi && wi->packed && wi->packed->type == w[0]->packed->type &&
+             wi->packed->cols == w[0]->packed->cols && wi->packed->cols == X.size(-1);
+  std::vector<Var> out;
+  if (!shared) {
+    for (size_t i = 0; i < w.size(); ++i) out.push_back(linear(tape, x, w[i], b, 0, -1, bias_begin[i]));
+    return out;
+  }
+  // y_i <- x W_i^T + b_i, each row of x quantised once for every part
+  const int64_t In = X.size(-1);
+  std::vector<kernels::GemvPart> parts(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const PackedWeight& P = *w[i]->packed;
+    if (b) check(b->value.dim() == 1 && bias_begin[i] + P.rows <= b->value.size(0), "linear: bias ",
+                 shape_str(b->value.shape()), " has no elements ", bias_begin[i], "..", bias_begin[i] + P.rows - 1);
+    out.push_back(new_output(with_last(X.shape(), P.rows), false));
+  }
+  const float* Xp = X.data<float>();
+  std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(w[0]->packed->type, In));
+  for (int64_t r = 0; r < N; ++r) {
+    for (size_t i = 0; i < w.size(); ++i)
+      parts[i] = {w[i]->packed->row(0), w[i]->packed->rows, out[i]->value.data<float>() + r * w[i]->packed->rows};
+    kernels::gemv_parts(w[0]->packed->type, parts.data(), static_cast<int64_t>(parts.size()), In, Xp + r * In,
+                        ws.data(), num_threads());
+    for (size_t i = 0; i < w.size() && b; ++i) {
+      const int64_t Out = w[i]->packed->rows;
+      const float* bias = b->value.data<float>() + bias_begin[i];
+      float* y = out[i]->value.data<float>() + r * Out;
+      for (int64_t j = 0; j < Out; ++j) y[j] += bias[j];
+    }
+  }
+  return out;
+}
+
 Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_begin, int64_t row_end,
            int64_t bias_begin) {
   if (w && w->packed) return linear_packed(tape, x, *w->packed, b, row_begin, row_end, bias_begin);
