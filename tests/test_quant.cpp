@@ -348,6 +348,43 @@ TEST(Quant, PartsAreEachPartsOwnProductBitForBit) {
   }
 }
 
+TEST(Quant, EveryIsaQuantisesActivationsAsTheScalarRule) {
+  // each table's quantize_blocks against quantize_activations, bit for bit: random blocks of
+  // many scales, exact ties of x * 127 / amax (k + 1/2), an all-zero block, signed zeros,
+  // subnormals, the largest floats, and blocks holding NaN or an infinity
+  std::mt19937 rng(31);
+  const int64_t nb = 64;
+  std::vector<float> x(static_cast<size_t>(nb * 32));
+  for (int64_t i = 0; i < nb; ++i)
+    for (int j = 0; j < 32; ++j)
+      x[i * 32 + j] = std::normal_distribution<float>(0, 1)(rng) * std::ldexp(1.0f, static_cast<int>(i % 9) * 9 - 36);
+  for (int j = 0; j < 32; ++j) x[1 * 32 + j] = (j == 0 ? 127.0f : (j % 2 ? 0.5f : -2.5f) + static_cast<float>(j % 7));
+  for (int j = 0; j < 32; ++j) x[2 * 32 + j] = 0.0f;
+  for (int j = 0; j < 32; ++j) x[3 * 32 + j] = j % 2 ? -0.0f : 1e-45f * static_cast<float>(j);
+  for (int j = 0; j < 32; ++j) x[4 * 32 + j] = (j % 3 ? -1 : 1) * std::numeric_limits<float>::max() / (1 + j);
+  // 127 / max|x| overflows, though d = max|x| / 127 does not vanish: q = 0, not 0 * infinity
+  for (int j = 0; j < 32; ++j) x[8 * 32 + j] = 1e-37f * static_cast<float>(j % 5 - 2);
+  x[5 * 32 + 7] = std::numeric_limits<float>::quiet_NaN();
+  x[6 * 32 + 31] = -std::numeric_limits<float>::infinity();
+  x[7 * 32 + 16] = std::numeric_limits<float>::infinity();
+  std::vector<float> d0(nb), d1(nb);
+  std::vector<int8_t> q0(x.size()), q1(x.size());
+  quantize_activations(x.data(), nb * 32, d0.data(), q0.data());
+  for (const auto& [name, k] : tables()) {
+    std::fill(d1.begin(), d1.end(), -1.0f);
+    std::fill(q1.begin(), q1.end(), int8_t{99});
+    k.quantize_blocks(x.data(), nb, d1.data(), q1.data());
+    for (int64_t i = 0; i < nb; ++i) {
+      EXPECT_EQ(bits_of(d0[i]), bits_of(d1[i])) << name << " block " << i << ": " << d1[i] << ", want " << d0[i];
+      EXPECT_EQ(std::memcmp(q0.data() + i * 32, q1.data() + i * 32, 32), 0) << name << " block " << i;
+    }
+  }
+  EXPECT_TRUE(std::isnan(d0[5]) && std::isnan(d0[6]) && std::isnan(d0[7]));
+  EXPECT_GT(d0[8], 0.0f);
+  for (int64_t i : {2, 3, 8})
+    for (int j = 0; j < 32; ++j) EXPECT_EQ(q0[i * 32 + j], 0) << "block " << i << " element " << j;
+}
+
 TEST(Quant, ActivationQuantisationErrorIsBounded) {
   // per block: |x - d q| <= d / 2 with d = max|x| / 127, and the all-zero block stays zero
   std::mt19937 rng(3);

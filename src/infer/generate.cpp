@@ -177,12 +177,17 @@ class Session {
 };
 
 // log softmax of one row of logits, in double.
-std::vector<double> log_softmax(const float* z, int64_t V) {
+// log sum_j exp(z_j), in double, the largest subtracted first.
+double logsumexp(const float* z, int64_t V) {
   double m = kNegInfD;
   for (int64_t j = 0; j < V; ++j) m = std::max(m, static_cast<double>(z[j]));
   double s = 0;
   for (int64_t j = 0; j < V; ++j) s += std::exp(static_cast<double>(z[j]) - m);
-  const double lse = m + std::log(s);
+  return m + std::log(s);
+}
+
+std::vector<double> log_softmax(const float* z, int64_t V) {
+  const double lse = logsumexp(z, V);
   std::vector<double> out(static_cast<size_t>(V));
   for (int64_t j = 0; j < V; ++j) out[j] = static_cast<double>(z[j]) - lse;
   return out;
@@ -192,6 +197,10 @@ std::vector<double> log_softmax(const float* z, int64_t V) {
 int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s, Rng& rng) {
   // V <- the ids that may be chosen: the rows past vocab_limit are never candidates
   if (s.vocab_limit > 0 && s.vocab_limit < V) V = s.vocab_limit;
+  // greedy without a penalty: the first largest logit (what the double copy below would pick: the
+  // widening is exact and keeps the order)
+  if (s.greedy && s.repetition_penalty == 1.0f)
+    return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<double> z(logits, logits + V);
   // z_t <- z_t / penalty (z_t > 0) or z_t * penalty (z_t <= 0), once per token in the history
   if (s.repetition_penalty != 1.0f) {
@@ -329,7 +338,7 @@ struct Driver {
         const float* z = logits.data<float>() + b * V;
         check_finite_logits(z, V, name(), b, step);
         const int32_t t = choose(z, V, seq[b], g.sampling, rng);
-        out[b].logprob += log_softmax(z, V)[t];
+        out[b].logprob += static_cast<double>(z[t]) - logsumexp(z, V);  // log_softmax(z)[t]
         out[b].tokens.push_back(t);
         seq[b].push_back(t);
         if (t == eos) done[b] = out[b].finished = true;

@@ -411,7 +411,9 @@ void quantize_activations(const float* x, int64_t K, float* d, int8_t* q) {
       continue;
     }
     d[i] = amax / 127.0f;
-    const float id = amax != 0 ? 127.0f / amax : 0.0f;
+    // 127 / amax overflows for amax below 127 / FLT_MAX (an all-zero block too): q = 0, never the
+    // NaN of 0 * infinity
+    const float inv = 127.0f / amax, id = std::isfinite(inv) ? inv : 0.0f;
     // |x * id| <= 127 up to rounding of id: clamped, so that the products' operands stay in
     // [-127, 127] whatever the rounding
     for (int64_t j = 0; j < kQBlock; ++j)
@@ -430,7 +432,8 @@ bool cpu_has_avx512_vnni() {
 }
 
 QuantIsa quant_isa(Isa isa) {
-#define QKV_QUANT_TABLE(ns, v) QuantIsa{ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, v}
+#define QKV_QUANT_TABLE(ns, v) \
+  QuantIsa { ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, ns::quantize_blocks, v }
   switch (isa) {
     case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni());
     case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false);
@@ -475,7 +478,7 @@ void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t 
           " bytes");
     xd = static_cast<float*>(workspace);
     xq = reinterpret_cast<int8_t*>(xd + nb);
-    quantize_activations(x, K, xd, xq);
+    k.quantize_blocks(x, nb, xd, xq);
     if (t == WType::Q4_0) {
       corr = reinterpret_cast<int32_t*>(xq + K);
       q4_lane_corrections(xq, nb, corr);

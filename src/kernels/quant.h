@@ -89,7 +89,8 @@ void dequantize_row(WType t, const void* row, int64_t K, float* out);
 int64_t first_nonfinite(WType t, const void* row, int64_t K);
 
 // The activations of an int8 product: per block of 32, d = max|x| / 127 and q = x / d rounded to
-// nearest even (q = 0 when the block is all zero); a block holding NaN or infinity gets d = NaN,
+// nearest even (q = 0 when the block is all zero, or its largest magnitude so small, below
+// 127 / FLT_MAX, that 127 / max|x| overflows); a block holding NaN or infinity gets d = NaN,
 // so that its products are NaN, never a number. K must be a multiple of 32.
 void quantize_activations(const float* x, int64_t K, float* d, int8_t* q);
 
@@ -126,6 +127,7 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
   float dot_f16(const uint16_t* w, const float* x, int64_t K);                                     \
   float dot_bf16(const uint16_t* w, const float* x, int64_t K);                                    \
   void round_bf16(const float* x, uint16_t* out, int64_t n);                                       \
+  void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q);                           \
   }
 QKV_DECLARE_QUANT_ISA(generic)
 QKV_DECLARE_QUANT_ISA(avx2)
@@ -142,6 +144,8 @@ struct QuantIsa {
   float (*dot_f16)(const uint16_t*, const float*, int64_t);
   float (*dot_bf16)(const uint16_t*, const float*, int64_t);
   void (*round_bf16)(const float*, uint16_t*, int64_t);  // f32_to_bf16_n, compiled for the ISA
+  // quantize_activations over nb blocks, bit for bit (vectorised on AVX-512)
+  void (*quantize_blocks)(const float*, int64_t, float*, int8_t*);
   bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)
 };
 

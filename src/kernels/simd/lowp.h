@@ -8,7 +8,9 @@
 // so no product and no pair of products leaves int16: exact for every int8 weight.
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/quant.h"
 
@@ -244,6 +246,41 @@ inline void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, c
 }
 #undef QKV_ROWS_LOOP
 
+
+// kernels::quantize_activations over nb blocks of 32, bit for bit: per block the largest
+// magnitude, d = amax / 127, q = x (127 / amax) rounded to nearest even (vrndscaleps, as
+// nearbyint in the default rounding mode) and clamped to [-127, 127]; a block holding NaN or
+// infinity gets d = NaN and q = 0. Portable code elsewhere.
+inline void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q) {
+#if defined(__AVX512F__)
+  const __m512i exponent = _mm512_set1_epi32(0x7f800000);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int64_t i = 0; i < nb; ++i, x += 32, q += 32) {
+    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    // not finite: every exponent bit set
+    const auto bad = [&](__m512 v) {
+      return _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), exponent), exponent);
+    };
+    if ((bad(a) | bad(b)) != 0) {
+      d[i] = std::numeric_limits<float>::quiet_NaN();
+      std::memset(q, 0, 32);
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    d[i] = amax / 127.0f;
+    const float inv = 127.0f / amax;
+    const __m512 id = _mm512_set1_ps(std::isfinite(inv) ? inv : 0.0f);
+    const auto bytes = [&](__m512 v) {
+      const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi)));
+    };
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), bytes(a));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), bytes(b));
+  }
+#else
+  kernels::quantize_activations(x, nb * 32, d, q);
+#endif
+}
 
 // float16 and bfloat16 rows: widened to float in registers, four accumulators.
 inline float dot_f16(const uint16_t* w, const float* x, int64_t K) {
