@@ -648,6 +648,16 @@ struct Needs {
     (*this)(!c.embed_norm, "embed_norm = true", "it has no embedding norm");
     (*this)(!c.logits_bias, "logits_bias = true", "its head has no bias");
   }
+  // Marian and BERT: post-norm layers without final norms, separate q/k/v with biases, n_heads
+  // plain heads, an ungated feed-forward
+  void post_norm_layers(const char* name, const char* qkv) const {
+    (*this)(!c.norm_first, "norm_first = true", detail::concat(name, "'s layers are post-norm").c_str());
+    (*this)(!c.final_norm, "final_norm = true", detail::concat(name, " has no final norm").c_str());
+    (*this)(!c.fused_qkv, "fused_qkv = true", detail::concat(name, " has separate ", qkv).c_str());
+    (*this)(c.bias, "bias = false", detail::concat(name, " has biases").c_str());
+    plain_heads(detail::concat(name, " has n_heads heads of d_model / n_heads").c_str());
+    (*this)(!c.gated, "gated = true", detail::concat(name, "'s feed-forward is not gated").c_str());
+  }
 };
 
 json gpt2_export(const Needs& need, const std::vector<std::string>&) {
@@ -688,12 +698,7 @@ json marian_export(const Needs& need, const std::vector<std::string>&) {
   need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5,
        detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
        "Marian uses LayerNorm with eps 1e-5");
-  need(!c.norm_first, "norm_first = true", "Marian's layers are post-norm");
-  need(!c.final_norm, "final_norm = true", "Marian has no final norms");
-  need(!c.fused_qkv, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
-  need(c.bias, "bias = false", "Marian has biases");
-  need.plain_heads("Marian has n_heads heads of d_model / n_heads");
-  need(!c.gated, "gated = true", "Marian's feed-forward is not gated");
+  need.post_norm_layers("Marian", "q_proj, k_proj and v_proj");
   const char* act = need.activation();
   need(c.source_vocab() == c.vocab_size, detail::concat("src_vocab_size = ", c.source_vocab()),
        "Marian has one vocabulary");
@@ -718,15 +723,10 @@ json bert_export(const Needs& need, const std::vector<std::string>& labels) {
   need(c.positional == Positional::Learned, detail::concat("positional = ", positional_name(c.positional)),
        "BERT has learned positions");
   need(c.norm == NormKind::LayerNorm, "norm = rmsnorm", "BERT uses LayerNorm");
-  need(!c.norm_first, "norm_first = true", "BERT's layers are post-norm");
-  need(!c.final_norm, "final_norm = true", "BERT has no final norm");
+  need.post_norm_layers("BERT", "query, key and value");
   need(c.embed_norm, "embed_norm = false", "BERT normalises its embeddings");
   need(c.type_vocab_size > 0, "type_vocab_size = 0", "BERT has token-type embeddings");
   need(!c.scale_embeddings, "scale_embeddings = true", "BERT's embeddings are not scaled");
-  need(!c.fused_qkv, "fused_qkv = true", "BERT has separate query, key and value");
-  need(c.bias, "bias = false", "BERT has biases");
-  need.plain_heads("BERT has n_heads heads of d_model / n_heads");
-  need(!c.gated, "gated = true", "BERT's feed-forward is not gated");
   const char* act = need.activation();
   if (c.arch == Arch::EncoderClassifier) {
     need(c.pooling == Pooling::First && c.pooler,
