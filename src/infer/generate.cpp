@@ -176,7 +176,6 @@ class Session {
   std::vector<CaptureRows> captured_;
 };
 
-// log softmax of one row of logits, in double.
 // log sum_j exp(z_j), in double, the largest subtracted first.
 double logsumexp(const float* z, int64_t V) {
   double m = kNegInfD;
@@ -186,6 +185,7 @@ double logsumexp(const float* z, int64_t V) {
   return m + std::log(s);
 }
 
+// log softmax of one row of logits, in double.
 std::vector<double> log_softmax(const float* z, int64_t V) {
   const double lse = logsumexp(z, V);
   std::vector<double> out(static_cast<size_t>(V));
