@@ -20,4 +20,14 @@ std::string error_of(F&& f) {
   return "no exception";
 }
 
+// True when `needle` occurs in `haystack`.
+inline bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
 }  // namespace qkv::testing
+
+// Expects `needle` in `haystack` and prints both when it is not there.
+#define EXPECT_CONTAINS(haystack, needle)                                          \
+  EXPECT_TRUE(::qkv::testing::contains(haystack, needle))                          \
+      << "expected \"" << (needle) << "\" in: " << (haystack)

@@ -27,12 +27,6 @@ using qkv::testing::TempDir;
 using qkv::testing::write_bytes;
 using namespace std::string_literals;
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_TRUE(contains(haystack, needle)) << "expected \"" << (needle) << "\" in: " << (haystack)
 
 // ---------------------------------------------------------------------------------------------
 // Readers
@@ -277,6 +271,84 @@ TEST(SplitIndices, SmallCorporaAndImpossibleSplits) {
   EXPECT_CONTAINS(error_of([] { qkv::split_indices(10, 0.6, 0.4, 1); }), "valid_fraction + test_fraction = 1");
 }
 
+TEST(SplitGroups, SingletonGroupsAreSplitIndices) {
+  for (uint64_t seed : {1u, 7u, 42u})
+    for (auto [n, vf, tf] : {std::tuple{1000, 0.1, 0.05}, std::tuple{3, 0.01, 0.01}, std::tuple{17, 0.0, 0.3}}) {
+      std::vector<int64_t> group(static_cast<size_t>(n));
+      for (int i = 0; i < n; ++i) group[static_cast<size_t>(i)] = i;
+      const auto a = qkv::split_indices(n, vf, tf, seed), b = qkv::split_groups(group, vf, tf, seed);
+      EXPECT_EQ(a.train, b.train);
+      EXPECT_EQ(a.valid, b.valid);
+      EXPECT_EQ(a.test, b.test);
+    }
+}
+
+TEST(SplitGroups, GroupsStayWholeAndTheSplitCovers) {
+  // 300 examples in groups of 1..4 (group ids shuffled by a simple rule)
+  std::vector<int64_t> group;
+  for (int64_t g = 0; static_cast<int64_t>(group.size()) < 300; ++g)
+    for (int64_t k = 0; k <= g % 4 && group.size() < 300; ++k) group.push_back((g * 37) % 300);
+  const auto s = qkv::split_groups(group, 0.1, 0.1, 3);
+  std::vector<int> where(group.size(), -1);
+  int part = 0;
+  for (const auto* v : {&s.train, &s.valid, &s.test}) {
+    EXPECT_TRUE(std::is_sorted(v->begin(), v->end()));
+    for (int64_t i : *v) {
+      EXPECT_EQ(where[static_cast<size_t>(i)], -1) << i;
+      where[static_cast<size_t>(i)] = part;
+    }
+    ++part;
+  }
+  for (size_t i = 0; i < group.size(); ++i) {
+    ASSERT_NE(where[i], -1) << i;  // covering
+    for (size_t j = 0; j < group.size(); ++j) {
+      if (group[i] == group[j]) {
+        EXPECT_EQ(where[i], where[j]) << i << " " << j;  // whole groups
+      }
+    }
+  }
+  // with singletons among the groups, each held-out split fills exactly to its count
+  EXPECT_EQ(s.valid.size(), 30u);
+  EXPECT_EQ(s.test.size(), 30u);
+
+  // a group bigger than the room left trains: never more than the count, fewer if nothing fits
+  const auto big = qkv::split_groups({0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}, 0.2, 0.0, 1);  // room for 2
+  EXPECT_TRUE(big.valid.empty());
+  EXPECT_EQ(big.train.size(), 12u);
+  const auto mixed = qkv::split_groups({0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3}, 0.2, 0.0, 5);  // only {0, 1} fits
+  EXPECT_EQ(mixed.valid, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(mixed.train.size(), 9u);
+  EXPECT_EQ(qkv::split_groups({0, 0, 0, 0, 0, 1}, 0.2, 0.0, 1).valid, std::vector<int64_t>{5});
+  EXPECT_CONTAINS(error_of([] { qkv::split_groups({0, 5, 1}, 0.3, 0.0, 1); }), "group[1] = 5, expected 0 <= g < 3");
+  EXPECT_CONTAINS(error_of([] { qkv::split_groups({0, -1, 1}, 0.3, 0.0, 1); }), "group[1] = -1");
+}
+
+TEST(NearCopy, KeyIgnoresCaseAndPunctuation) {
+  using qkv::near_copy_key;
+  EXPECT_EQ(near_copy_key("\xE2\x80\x9EWo ist der Bahnhof?\xE2\x80\x9C"), "wo ist der bahnhof");  // „...“
+  EXPECT_EQ(near_copy_key("wo  ist der Bahnhof"), "wo ist der bahnhof");
+  EXPECT_EQ(near_copy_key("\xC3\x9C" "ber den Wolken \xE2\x80\x93 sch\xC3\xB6n!"), "\xC3\xBC" "ber den wolken sch\xC3\xB6n");
+  EXPECT_EQ(near_copy_key("It's 24/7, isn't it?"), "it s 24 7 isn t it");
+  EXPECT_EQ(near_copy_key("I\xE2\x80\x99m here."), "i m here");  // ’ as '
+  EXPECT_EQ(near_copy_key("3 \xC3\x97 4"), "3 4");                   // × is not a letter
+  EXPECT_EQ(near_copy_key("Stra\xC3\x9F" "e"), "stra\xC3\x9F" "e");   // ß stays (no upper case in Latin-1)
+  EXPECT_EQ(near_copy_key("?!"), "");
+  EXPECT_EQ(near_copy_key(""), "");
+}
+
+TEST(NearCopy, GroupsJoinPairsSharingEitherSideTransitively) {
+  const std::vector<TextPair> pairs = {
+      {"Gefällt es dir?", "Do you like it?"},      // 0
+      {"Gefällt es Ihnen?", "Do you like it?"},    // 1: same English as 0
+      {"Es regnet.", "It is raining."},            // 2
+      {"gefällt es Ihnen", "Do you enjoy it?"},    // 3: German as 1's but for case and '?'
+      {"Es regnet!", "It rains."},                 // 4: German as 2's but for punctuation
+      {"Wer bist du?", "Who are you?"},            // 5
+  };
+  EXPECT_EQ(qkv::near_copy_groups(pairs), (std::vector<int64_t>{0, 0, 1, 0, 1, 2}));
+  EXPECT_TRUE(qkv::near_copy_groups({}).empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // LM windows
 
@@ -465,6 +537,57 @@ TEST(DingSentencePairs, FixtureFile) {
   EXPECT_CONTAINS(msg, none + ": no whole-sentence pairs in 3 lines (1 malformed; first: line 3: no ' :: ' separator)");
 }
 
+TEST(DingPhrases, TheRule) {
+  using qkv::ding_phrases;
+  using V = std::vector<std::string>;
+  EXPECT_EQ(ding_phrases("Abfall {m}; M\xC3\xBCll {m} [ugs.]"), (V{"Abfall", "M\xC3\xBCll"}));
+  EXPECT_EQ(ding_phrases("Schlange {f} [zool.]"), (V{"Schlange"}));
+  EXPECT_EQ(ding_phrases("to topple over <> sb./sth."), V{});                      // slash and placeholder
+  EXPECT_EQ(ding_phrases("jdn. umwerfen {vt}; kippen"), (V{"kippen"}));           // placeholder skipped
+  EXPECT_EQ(ding_phrases("(farbiges) Emblem {n} einer Einheit (an der Uniform)"), (V{"Emblem einer Einheit"}));
+  EXPECT_EQ(ding_phrases("a; b; c; d; e"), (V{"a", "b", "c"}));                    // kDingPhraseAlternatives
+  EXPECT_EQ(ding_phrases("a; a [Br.]; b"), (V{"a", "b"}));                         // repeats skipped
+  EXPECT_EQ(ding_phrases("one two three four five six seven eight nine; ok"), (V{"ok"}));  // > 8 words
+  EXPECT_EQ(ding_phrases("Dieses Gesch\xC3\xA4" "ft ist gut in \xE2\x80\xA6 sortiert."), V{});  // ellipsis
+  EXPECT_EQ(ding_phrases("kaputt) {adj}; heil"), (V{"heil"}));                     // unbalanced skipped
+  EXPECT_EQ(ding_phrases("x (a; b) y; z"), (V{"x y", "z"}));                       // ';' in brackets
+  EXPECT_EQ(ding_phrases("{m} [ugs.]"), V{});
+}
+
+TEST(DingPhrasePairs, FixtureFile) {
+  TempDir dir("data");
+  const std::string path = dir / "de-en";
+  write_bytes(path,
+              "# Version :: devel 2023-01-30\n"
+              "Zufall {m} | Es war purer Zufall. | Das war kein Zufall. :: coincidence | It was sheer "
+              "coincidence. | That was no coincidence.\n"                            // sentences left out
+              "Abfall {m}; M\xC3\xBCll {m} :: waste; rubbish\n"                    // 2 x 2
+              "A | B :: only one\n"                                                  // malformed
+              "Abfall {m} :: waste [Am.]\n"                                          // repeated pair
+              "Aal {m} | Aale {pl} :: eel | eels\n"
+              "jdn. umwerfen {vt} :: to topple sb.\n");                              // nothing left
+  ReadReport r;
+  const std::vector<TextPair> pairs = qkv::ding_phrase_pairs(path, &r);
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"Zufall", "coincidence"}, {"Abfall", "waste"}, {"Abfall", "rubbish"}, {"M\xC3\xBCll", "waste"},
+      {"M\xC3\xBCll", "rubbish"}, {"Aal", "eel"}, {"Aale", "eels"},
+  };
+  ASSERT_EQ(pairs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(pairs[i].source, want[i].first) << i;
+    EXPECT_EQ(pairs[i].target, want[i].second) << i;
+  }
+  EXPECT_EQ(r.lines, 7);
+  EXPECT_EQ(r.used, 7);
+  EXPECT_EQ(r.malformed, 1);
+  EXPECT_EQ(r.first_malformed_line, 4);
+
+  const std::string none = dir / "none";
+  write_bytes(none, "# header\nEs regnet. :: It is raining.\n");
+  EXPECT_CONTAINS(error_of([&] { qkv::ding_phrase_pairs(none, nullptr); }),
+                  none + ": no word or phrase pairs in 2 lines");
+}
+
 TEST(DingSentencePairs, RealDictionary) {
   const std::string path = "/usr/share/trans/de-en";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not installed (Debian package trans-de-en)";
@@ -483,6 +606,18 @@ TEST(DingSentencePairs, RealDictionary) {
     unique.emplace(p.source, p.target);
   }
   EXPECT_EQ(unique.size(), pairs.size());
+
+  // Word and phrase pairs: many more, none a whole-sentence pair, each side already clean.
+  ReadReport pr;
+  const std::vector<TextPair> phrases = qkv::ding_phrase_pairs(path, &pr);
+  EXPECT_GE(phrases.size(), 500000u);
+  EXPECT_LE(phrases.size(), 900000u);
+  EXPECT_EQ(pr.lines, r.lines);
+  for (const TextPair& p : phrases) {
+    ASSERT_EQ(qkv::ding_phrases(p.source), std::vector<std::string>{p.source});
+    ASSERT_EQ(qkv::ding_phrases(p.target), std::vector<std::string>{p.target});
+    ASSERT_EQ(unique.count({p.source, p.target}), 0u) << p.source << " / " << p.target;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <limits>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -241,7 +242,7 @@ std::vector<int64_t> plan_sizes(Task task, const std::vector<Example>& ex, const
   std::vector<int64_t> sizes;
   for (int e = 0; e < epochs; ++e)
     sizes.push_back(static_cast<int64_t>(
-        batch_by_length(lengths, lc.max_tokens, lc.seed + 7919 * static_cast<uint64_t>(e), true).batches.size()));
+        plan_epoch(lengths, lc.max_tokens, lc.seed, e, lc.core, lc.pool_per_epoch).batches.size()));
   return sizes;
 }
 
@@ -331,6 +332,166 @@ TEST(Task, EpochsWhosePlansDifferInLengthTrainResumeAndReportProgress) {
   }
   EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"))
       << "the resumed run differs from the straight one";
+}
+
+// The pool (--train-only-ratio): every epoch plans all of [0, core) and the next slice of one
+// shuffle of the pool, consecutive epochs taking consecutive slices, cycling; without a pool the
+// plan is batch_by_length's.
+TEST(Task, EpochPlansDrawFromThePoolInSlices) {
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 50; ++i) lengths.push_back(1 + (i * 7) % 9);
+  for (int64_t e : {0, 3}) {
+    const BatchPlan a = plan_epoch(lengths, 20, 5, e), b = batch_by_length(lengths, 20, 5 + 7919 * e, true);
+    EXPECT_EQ(a.batches, b.batches);
+    EXPECT_EQ(plan_epoch(lengths, 20, 5, e, 50, 10).batches, b.batches) << "core = n: no pool";
+  }
+  const int64_t core = 30, per = 8, P = 20;
+  std::vector<int64_t> seen_from_pool;
+  for (int64_t e = 0; e < 5; ++e) {
+    const BatchPlan plan = plan_epoch(lengths, 20, 5, e, core, per);
+    std::vector<int64_t> all;
+    for (const auto& b : plan.batches) {
+      int64_t tokens = 0;
+      for (int64_t i : b) tokens = std::max(tokens, lengths[static_cast<size_t>(i)]);
+      EXPECT_TRUE(b.size() == 1 || tokens * static_cast<int64_t>(b.size()) <= 20) << "the budget holds";
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    std::sort(all.begin(), all.end());
+    ASSERT_EQ(all.size(), static_cast<size_t>(core + per)) << "epoch " << e;
+    EXPECT_EQ(std::unique(all.begin(), all.end()), all.end()) << "each example at most once";
+    for (int64_t i = 0; i < core; ++i) EXPECT_EQ(all[static_cast<size_t>(i)], i) << "the core, every epoch";
+    seen_from_pool.insert(seen_from_pool.end(), all.begin() + core, all.end());
+    EXPECT_EQ(plan.batches, plan_epoch(lengths, 20, 5, e, core, per).batches) << "a function of its arguments";
+  }
+  // 5 epochs x 8 = 40 draws from a pool of 20: each pool example exactly twice (slices cycle)
+  std::sort(seen_from_pool.begin(), seen_from_pool.end());
+  for (int64_t i = 0; i < P; ++i)
+    EXPECT_EQ(std::count(seen_from_pool.begin(), seen_from_pool.end(), core + i), 2) << core + i;
+  // a slice larger than the pool takes the whole pool once
+  std::vector<int64_t> all;
+  for (const auto& b : plan_epoch(lengths, 20, 5, 2, core, 1000).batches) all.insert(all.end(), b.begin(), b.end());
+  EXPECT_EQ(all.size(), lengths.size());
+  EXPECT_CONTAINS(error_of([&] { plan_epoch(lengths, 20, 5, 0, core, -1); }), "pool_per_epoch = -1");
+  EXPECT_CONTAINS(error_of([&] { plan_epoch(lengths, 20, 5, -1); }), "epoch = -1");
+}
+
+// A pooled run resumes bit for bit across an epoch boundary, like any other.
+TEST(Task, PooledRunResumesExactly) {
+  const Task task = Task::Translate;
+  const std::vector<Example> train = make_examples(task, 60, 31), valid = make_examples(task, 8, 32);
+  LoopConfig lc = loop(0);
+  lc.max_epochs = 3;
+  lc.eval_every = 0;
+  lc.core = 20;
+  lc.pool_per_epoch = 15;
+  const std::vector<int64_t> sizes = plan_sizes(task, train, lc, 3);
+  TempDir straight("pool_a"), split("pool_b");
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    const LoopResult r = run_training(t, task, train, valid, straight.path().string(), lc, false);
+    EXPECT_EQ(r.steps, sizes[0] + sizes[1] + sizes[2]);
+  }
+  std::atomic<bool> stop{false};
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    LoopConfig first = lc;
+    first.stop = &stop;
+    int64_t calls = 0;
+    run_training(t, task, train, valid, split.path().string(), first, false, [&](const LoopProgress&) {
+      if (++calls == sizes[0] + 2) stop = true;
+    });
+  }
+  {
+    Model m(config_for(task));
+    m.init(5);
+    Trainer t(m, TrainConfig{});
+    run_training(t, task, train, valid, split.path().string(), lc, true);
+  }
+  EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"));
+}
+
+// Checkpoint averaging: the last N validations' weights are kept as snapshots (so also across a
+// resume), and their mean, if it validates better than every single one, is the model.
+TEST(Task, CheckpointAveragingKeepsTheLastSnapshotsAndTheirMean) {
+  const Task task = Task::Translate;
+  const std::vector<Example> train = make_examples(task, 40, 41), valid = make_examples(task, 8, 42);
+  LoopConfig lc = loop(14);  // validations at steps 4, 8, 12 and 14 (the end)
+  lc.average = 3;
+  TempDir straight("avg_a"), split("avg_b");
+  LoopResult r;
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    r = run_training(t, task, train, valid, straight.path().string(), lc, false);
+  }
+  const std::vector<std::string> names = {"step-000000008.safetensors", "step-000000012.safetensors",
+                                          "step-000000014.safetensors"};
+  std::vector<std::string> kept;
+  for (const auto& e : std::filesystem::directory_iterator(straight / "snapshots")) kept.push_back(e.path().filename());
+  std::sort(kept.begin(), kept.end());
+  EXPECT_EQ(kept, names);
+  EXPECT_EQ(r.averaged, 3);
+  ASSERT_TRUE(std::isfinite(r.averaged_valid_loss));
+  // the mean, summed in double, and its validation loss
+  std::vector<SafetensorsFile> snaps;
+  for (const std::string& n : names) snaps.push_back(read_safetensors(straight / ("snapshots/" + n)));
+  Model mean(config_for(task));
+  std::vector<std::pair<std::string, Tensor>> mean_sd;
+  for (auto& [name, t] : mean.state_dict()) {
+    Tensor avg(t.shape(), DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      double sum = 0;
+      for (const SafetensorsFile& f : snaps) sum += f.find(name)->data<float>()[i];
+      avg.data<float>()[i] = static_cast<float>(sum / 3.0);
+    }
+    mean_sd.emplace_back(name, std::move(avg));
+  }
+  mean.load_state_dict(mean_sd);
+  EXPECT_EQ(evaluate(mean, task, valid, 48).loss, r.averaged_valid_loss);
+  const Model saved = Model::load(straight.path().string());
+  double best_single = std::numeric_limits<double>::infinity();
+  {
+    std::istringstream in(read_bytes(straight / "metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line))
+      if (const size_t p = line.find("\"valid_loss\":"); p != std::string::npos)
+        best_single = std::min(best_single, std::stod(line.substr(p + 13)));
+  }
+  EXPECT_EQ(r.averaged_kept, r.averaged_valid_loss < best_single);
+  const auto saved_sd = saved.state_dict();
+  const Tensor& got = saved_sd.front().second;
+  const Tensor& want = r.averaged_kept ? mean_sd.front().second : got;
+  EXPECT_EQ(std::vector<float>(got.data<float>(), got.data<float>() + got.numel()),
+            std::vector<float>(want.data<float>(), want.data<float>() + want.numel()));
+  EXPECT_NEAR(evaluate(saved, task, valid, 48).loss, std::min(best_single, r.averaged_valid_loss), 1e-6);
+
+  // stopped after step 6 and resumed: the same snapshots, bit for bit
+  std::atomic<bool> stop{false};
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    LoopConfig first = lc;
+    first.stop = &stop;
+    int64_t calls = 0;
+    run_training(t, task, train, valid, split.path().string(), first, false, [&](const LoopProgress&) {
+      if (++calls == 6) stop = true;
+    });
+  }
+  {
+    Model m(config_for(task));
+    m.init(5);
+    Trainer t(m, TrainConfig{});
+    run_training(t, task, train, valid, split.path().string(), lc, true);
+  }
+  for (const std::string& n : names)
+    EXPECT_EQ(read_bytes(straight / ("snapshots/" + n)), read_bytes(split / ("snapshots/" + n))) << n;
+  EXPECT_EQ(read_bytes(straight / "model.safetensors"), read_bytes(split / "model.safetensors"));
 }
 
 // Everything read back from a checkpoint is input: the data position and the moments included.

@@ -27,14 +27,13 @@ std::string one_line(const std::string& s) {
 
 struct DingOptions {
   std::string dict = "/usr/share/trans/de-en";
-  std::string out;
+  std::string out, phrases;
   bool reverse = false;
 };
 
-int run_ding(const DingOptions& o) {
-  ReadReport report;
-  const std::vector<TextPair> pairs = ding_sentence_pairs(o.dict, &report);
-  // bytes <- one "source<TAB>target\n" per pair; source = English unless --reverse
+// pairs as one "source<TAB>target\n" each, written to `path`; source = English unless reverse.
+void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, const DingOptions& o,
+                 const std::string& path, const char* what) {
   std::string bytes;
   for (const TextPair& p : pairs) {
     const std::string& src = o.reverse ? p.source : p.target;
@@ -44,13 +43,23 @@ int run_ding(const DingOptions& o) {
     bytes += one_line(tgt);
     bytes += '\n';
   }
-  write_file_atomic(o.out, bytes);
-  std::cout << "wrote " << pairs.size() << " sentence pairs (" << (o.reverse ? "German<TAB>English" : "English<TAB>German")
-            << ", " << bytes.size() << " bytes) to " << o.out << " from " << o.dict;
+  write_file_atomic(path, bytes);
+  std::cout << "wrote " << pairs.size() << " " << what << " (" << (o.reverse ? "German<TAB>English" : "English<TAB>German")
+            << ", " << bytes.size() << " bytes) to " << path << " from " << o.dict;
   if (report.malformed > 0)
     std::cout << "; " << report.malformed << " malformed lines skipped (first: line " << report.first_malformed_line
               << ": " << report.first_malformed_reason << ")";
   std::cout << "\n";
+}
+
+int run_ding(const DingOptions& o) {
+  ReadReport report;
+  const std::vector<TextPair> pairs = ding_sentence_pairs(o.dict, &report);
+  std::vector<TextPair> phrases;
+  ReadReport phrase_report;
+  if (!o.phrases.empty()) phrases = ding_phrase_pairs(o.dict, &phrase_report);
+  write_pairs(pairs, report, o, o.out, "sentence pairs");
+  if (!o.phrases.empty()) write_pairs(phrases, phrase_report, o, o.phrases, "word and phrase pairs");
   return 0;
 }
 
@@ -91,6 +100,9 @@ Runner add_data(CLI::App& app) {
   CLI::App* c = d->add_subcommand(
       "ding", "Whole-sentence English-German pairs from the Ding dictionary (trans-de-en) as TSV");
   c->add_option("--out", ding->out, "TSV file to write: source<TAB>target per line")->required();
+  c->add_option("--phrases", ding->phrases,
+                "Also write the dictionary's word and phrase translations (every entry that is not a whole sentence) "
+                "to this TSV: training data for `qkv train --train-only`, never for testing");
   c->add_flag("--reverse", ding->reverse, "German<TAB>English instead of English<TAB>German");
   c->add_option("--dict", ding->dict, "The Ding dictionary file")->capture_default_str()->check(CLI::ExistingFile);
 

@@ -6,7 +6,7 @@
 // The output directory holds everything needed to use and to resume the model: config.json,
 // model.safetensors (the best validation loss), qkv_tokenizer.json (+ its files), task.json,
 // train.json (these options), checkpoint.safetensors (the last state), metrics.jsonl, loss.svg,
-// and the held-out test split (test.tsv or test.txt) for `qkv eval`.
+// and the held-out test and validation splits (test.tsv / valid.tsv, or .txt) for `qkv eval`.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -201,7 +201,7 @@ json file_identity(const std::string& path) {
 
 json data_identity(const Options& o) {
   json files = json::array();
-  for (const std::string* p : {&o.data, &o.source, &o.target})
+  for (const std::string* p : {&o.data, &o.source, &o.target, &o.train_only})
     if (!p->empty()) files.push_back(file_identity(*p));
   return files;
 }
@@ -219,12 +219,13 @@ std::string precision_label(Precision p) {
 
 json options_json(const Options& o, int64_t tokenizer_vocab) {
   return {{"task", o.task},         {"data", o.data},         {"source", o.source},
-          {"target", o.target},     {"preset", o.preset},     {"config", o.config},
+          {"target", o.target},     {"train_only", o.train_only}, {"train_only_ratio", o.train_only_ratio},
+          {"preset", o.preset},     {"config", o.config},
           {"tokenizer", o.tokenizer}, {"spm_type", o.spm_type}, {"vocab", o.vocab},
           {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
           {"test_fraction", o.test_fraction}, {"seed", o.seed}, {"lr", o.lr},
           {"warmup", o.warmup},     {"dropout", o.dropout},   {"label_smoothing", o.label_smoothing},
-          {"eval_every", o.eval_every}, {"init", o.init}, {"tokenizer_vocab", tokenizer_vocab},
+          {"eval_every", o.eval_every}, {"average", o.average}, {"init", o.init}, {"tokenizer_vocab", tokenizer_vocab},
           {"precision", o.precision},
           {"data_files", data_identity(o)}};
 }
@@ -240,7 +241,7 @@ void check_data_unchanged(const Options& o, const std::string& path) {
   // the files train.json names must be the ones it recorded (an edited "data" once trained on
   // another file, unchecked)
   std::string named, recorded;
-  for (const std::string* p : {&o.data, &o.source, &o.target})
+  for (const std::string* p : {&o.data, &o.source, &o.target, &o.train_only})
     if (!p->empty()) named += (named.empty() ? "" : ", ") + *p;
   for (const DataFile& f : o.data_files) recorded += (recorded.empty() ? "" : ", ") + f.path;
   check(named == recorded, "--resume: ", path, " names the data ", named.empty() ? "(none)" : named,
@@ -324,8 +325,9 @@ struct Prepared {
   ModelConfig cfg;
   std::unique_ptr<Model> model;
   Encoded train, valid;
-  RawData test_raw;
+  RawData test_raw, valid_raw;
   size_t n_test = 0;
+  int64_t core = 0, pool_per_epoch = 0;  // --train-only-ratio: the split's examples, and the pool's per epoch
   std::unique_ptr<Tokenizer> tok;
   std::vector<std::string> labels;
 };
@@ -348,8 +350,8 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   std::error_code ec;
   if (o.resume) {
     check(fs::exists(ckpt), "--resume: ", ckpt, " not found (nothing to resume in ", o.out, ")");
-    check(o.data.empty() && o.source.empty(), "--resume continues with the data the run started with (",
-          o.out, "/train.json); --data, --source and --target are not taken");
+    check(o.data.empty() && o.source.empty() && o.train_only.empty(), "--resume continues with the data the run started with (",
+          o.out, "/train.json); --data, --source, --target and --train-only are not taken");
     // The run's data options come from train.json, so `qkv train --out DIR --resume` is enough.
     const std::string path = o.out + "/train.json";
     const Options given = o;
@@ -368,6 +370,8 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   check(o.init.empty() || o.config.empty(), "--init ", o.init, " and --config ", o.config,
         " exclude each other: the model to fine-tune brings its own config");
   check(o.init.empty() || !o.resume, "--resume continues a run from its checkpoint; --init starts one");
+  check(o.train_only_ratio == 0 || !o.train_only.empty(), "--train-only-ratio ", o.train_only_ratio,
+        " applies to --train-only records, and none are given");
   refuse_unused_options(o);
   std::unique_ptr<Model> init_model;
   if (!o.init.empty()) {
@@ -407,7 +411,20 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
                  all.path.c_str(), static_cast<long long>(n_all));
     o.valid_fraction = 0;
   }
-  const SplitIndices split = split_indices(n_all, o.valid_fraction, o.test_fraction, o.seed);
+  // Translation pairs that are near-copies of each other (the same source or target but for case
+  // and punctuation) fall into one split, so that no held-out sentence is trained on.
+  const SplitIndices split = task == Task::Translate
+                                 ? split_groups(near_copy_groups(all.pairs), o.valid_fraction, o.test_fraction, o.seed)
+                                 : split_indices(n_all, o.valid_fraction, o.test_fraction, o.seed);
+  for (auto [part, got, fraction] : {std::tuple{"validation", split.valid.size(), o.valid_fraction},
+                                     std::tuple{"test", split.test.size(), o.test_fraction}}) {
+    const int64_t asked = held_out_count(n_all, fraction);
+    if (fraction > 0 && static_cast<int64_t>(got) < asked)
+      std::fprintf(stderr,
+                   "qkv train: note: the %s split holds %lld pairs, not %lld: the groups of near-copies left "
+                   "(pairs sharing a source or a target) were too big for the room left, and train\n",
+                   part, static_cast<long long>(got), static_cast<long long>(asked));
+  }
   RawData train_raw = subset(all, split.train), valid_raw = subset(all, split.valid), test_raw = subset(all, split.test);
   train_raw.part = "training split";
   valid_raw.part = "validation split";
@@ -449,6 +466,20 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
 
   if (stop_requested()) return 130;
 
+  // --train-only: records for the training split only (after the tokenizer, which learns the
+  // main data's training split), less any near-copy of a held-out one
+  RawData extra;
+  if (!o.train_only.empty()) {
+    const RawData extra_all = read_task_data(task, o.train_only, "", "");
+    std::fprintf(stderr, "qkv train: --train-only %s\n", extra_all.report.summary(extra_all.path).c_str());
+    int64_t dropped = 0;
+    extra = without_near_copies(extra_all, {&valid_raw, &test_raw}, &dropped);
+    extra.part = "--train-only records";
+    std::fprintf(stderr, "qkv train: --train-only: %lld records added to the training split, %lld left out as "
+                 "near-copies of held-out ones\n", static_cast<long long>(extra.size()), static_cast<long long>(dropped));
+  }
+  if (stop_requested()) return 130;
+
   // labels (classify): the training split's, sorted
   std::vector<std::string> labels;
   if (task == Task::Classify) {
@@ -465,6 +496,24 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   check(!train.examples.empty(), train_raw.describe(), ": no training examples left (all longer than --max-len ",
         o.max_len, "?)");
   if (!train.note.empty()) std::fprintf(stderr, "qkv train: note: %s\n", train.note.c_str());
+  // --train-only's examples follow the split's: out.core counts the split's
+  out.core = static_cast<int64_t>(train.examples.size());
+  if (extra.size() > 0) {
+    Encoded more = encode_task(task, extra, *tok, o.max_len, labels, /*skip_unknown_labels=*/true);
+    if (!more.note.empty()) std::fprintf(stderr, "qkv train: note: %s\n", more.note.c_str());
+    if (more.unknown_labels > 0)
+      std::fprintf(stderr, "qkv train: note: %lld --train-only records have labels the training split lacks; left out\n",
+                   static_cast<long long>(more.unknown_labels));
+    train.dropped += more.dropped;
+    for (Example& e : more.examples) train.examples.push_back(std::move(e));
+    if (o.train_only_ratio > 0) {
+      out.pool_per_epoch = std::min<int64_t>(static_cast<int64_t>(more.examples.size()),
+                                             std::llround(o.train_only_ratio * static_cast<double>(out.core)));
+      std::fprintf(stderr, "qkv train: each epoch: the %lld examples of the training split and the next %lld of the "
+                   "%zu --train-only ones (--train-only-ratio %g)\n", static_cast<long long>(out.core),
+                   static_cast<long long>(out.pool_per_epoch), more.examples.size(), o.train_only_ratio);
+    }
+  }
   // A language model trains on windows of one length: a short text shrinks --max-len to its window.
   if (task == Task::LanguageModel && train.window < o.max_len) o.max_len = train.window;
   // The validation split: records whose labels the training split lacks are left out; a split
@@ -543,6 +592,7 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   out.train = std::move(train);
   out.valid = std::move(valid);
   out.test_raw = std::move(test_raw);
+  out.valid_raw = std::move(valid_raw);
   out.n_test = n_test;
   out.tok = std::move(tok);
   out.labels = std::move(labels);
@@ -646,6 +696,9 @@ int run(Options o) {
     } else {
       std::fprintf(stderr, "qkv train: note: no test split: qkv eval will need --data FILE\n");
     }
+    // the validation split too, to choose decoding settings on (qkv eval --data DIR/valid.tsv)
+    if (prep.valid_raw.size() > 0)
+      write_task_data(task, prep.valid_raw, o.out + (task == Task::LanguageModel ? "/valid.txt" : "/valid.tsv"));
     prep.tok->save(o.out);
     TaskInfo info;
     info.task = task;
@@ -673,6 +726,11 @@ int run(Options o) {
   lc.seed = o.seed;
   lc.stop = &stop.flag();
   lc.parts = o.parts;
+  lc.average = o.average;
+  if (o.train_only_ratio > 0) {
+    lc.core = prep.core;
+    lc.pool_per_epoch = prep.pool_per_epoch;
+  }
   Progress bar;
   bool started = false;
   const LoopResult r = run_training(trainer, task, prep.train.examples, prep.valid.examples, o.out, lc, o.resume,
@@ -699,6 +757,15 @@ int run(Options o) {
   std::printf("qkv train: %s %lld steps (%lld epochs) in %s; %s; model in %s\n",
               r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
               static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), best.c_str(), o.out.c_str());
+  if (r.averaged > 0) {
+    if (std::isnan(r.averaged_valid_loss))
+      std::printf("qkv train: the mean of the last %lld snapshots is not validated (no validation split): the model "
+                  "keeps the last weights\n", static_cast<long long>(r.averaged));
+    else
+      std::printf("qkv train: the mean of the last %lld snapshots validates at %.4f: %s\n",
+                  static_cast<long long>(r.averaged), r.averaged_valid_loss,
+                  r.averaged_kept ? "it is the model" : "the best single weights stay the model");
+  }
   if (comm && r.step_seconds > 0)
     std::fprintf(stderr, "qkv train: %d ranks; summing gradients over them took %.1f%% of the step time (%.2f of %.2f s)\n",
                  comm->size(), 100.0 * r.comm_seconds / r.step_seconds, r.comm_seconds, r.step_seconds);
@@ -722,6 +789,19 @@ Runner add_train(CLI::App& app) {
   c->add_option("--data", o->data, "translate: source<TAB>target TSV; lm: text; classify: label<TAB>text TSV");
   c->add_option("--source", o->source, "translate: source sentences, one per line (with --target)");
   c->add_option("--target", o->target, "translate: target sentences, aligned with --source");
+  c->add_option("--train-only", o->train_only,
+                "More records in --data's format, for the training split only (never validated or tested on; any "
+                "record repeating a held-out text but for case and punctuation is left out), e.g. the word and "
+                "phrase pairs of `qkv data ding --phrases`. The tokenizer is trained on --data's training split");
+  c->add_option("--average", o->average,
+                "Checkpoint averaging: keep the weights of the last N validations (DIR/snapshots) and, when training "
+                "ends, make their mean the model if it validates better than the best single one (0: off)")
+      ->transform(whole(0, 1000));
+  c->add_option("--train-only-ratio", o->train_only_ratio,
+                "With --train-only: each epoch trains on the training split and, of a seeded shuffle of the "
+                "--train-only records, the next R times as many as the split has (cycling through them); default: "
+                "all of them every epoch")
+      ->transform(finite(0.001, 1000));
   c->add_option("--out", o->out, "The model directory to write (created)")->required();
   c->add_option("--preset", o->preset, "Model size: tiny, small or base (the 2017 base model)")
       ->check(CLI::IsMember({"tiny", "small", "base"}));

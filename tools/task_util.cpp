@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "io/json_strict.h"
 #include "qkv/error.h"
@@ -203,6 +204,32 @@ std::vector<std::string> all_texts(const RawData& d) {
   for (const auto& l : d.labeled) t.push_back(l.text);
   for (const auto& l : d.lines) t.push_back(l);
   return t;
+}
+
+RawData without_near_copies(const RawData& extra, const std::vector<const RawData*>& held_out, int64_t* dropped) {
+  std::unordered_set<std::string> keys;  // near_copy_key of every held-out text
+  for (const RawData* h : held_out)
+    for (const std::string& t : all_texts(*h))
+      if (std::string k = near_copy_key(t); !k.empty()) keys.insert(std::move(k));
+  auto held = [&](const std::string& t) {
+    const std::string k = near_copy_key(t);
+    return !k.empty() && keys.count(k) > 0;
+  };
+  RawData out;
+  out.path = extra.path;
+  out.report = extra.report;
+  int64_t n = 0;
+  for (const auto& p : extra.pairs)
+    if (held(p.source) || held(p.target)) ++n;
+    else out.pairs.push_back(p);
+  for (const auto& l : extra.labeled)
+    if (held(l.text)) ++n;
+    else out.labeled.push_back(l);
+  for (const auto& l : extra.lines)
+    if (held(l)) ++n;
+    else out.lines.push_back(l);
+  if (dropped) *dropped = n;
+  return out;
 }
 
 Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t max_len,

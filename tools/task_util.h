@@ -68,6 +68,11 @@ RawData subset(const RawData& d, const std::vector<int64_t>& idx);
 // Every text of the records (sources and targets), for training a tokenizer.
 std::vector<std::string> all_texts(const RawData& d);
 
+// The records of `extra` none of whose texts is a near-copy (near_copy_key, qkv/data.h) of a
+// text in `held_out`; *dropped counts the others. --train-only data passes through it, so that
+// no held-out sentence reaches training in another form.
+RawData without_near_copies(const RawData& extra, const std::vector<const RawData*>& held_out, int64_t* dropped);
+
 struct Encoded {
   std::vector<Example> examples;
   int64_t dropped = 0;         // translate: pairs longer than max_len tokens (skipped)

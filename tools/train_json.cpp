@@ -67,15 +67,23 @@ void read_train_json(const std::string& text, const std::string& path, RunOption
   get_string(j, "task", path, r.task, {"translate", "lm", "classify"});
   get_string(j, "data", path, r.data);
   get_string(j, "source", path, r.source);
+  get_string(j, "train_only", path, r.train_only);
   get_string(j, "target", path, r.target);
   get_string(j, "preset", path, r.preset, {"tiny", "small", "base"});
   get_int(j, "max_tokens", 1, int64_t{1} << 24, path, r.max_tokens);
   get_int(j, "max_len", 2, int64_t{1} << 20, path, r.max_len);
   get_int(j, "eval_every", 1, int64_t{1} << 30, path, r.eval_every);
+  get_int(j, "average", 1, 1000, path, r.average);
   get_string(j, "init", path, r.init_recorded);
   get_int(j, "tokenizer_vocab", 1, (int64_t{1} << 31) - 1, path, r.tokenizer_vocab);
   get_fraction(j, "valid_fraction", path, r.valid_fraction);
   get_fraction(j, "test_fraction", path, r.test_fraction);
+  if (const auto it = j.find("train_only_ratio"); it != j.end()) {
+    const double v = it->is_number() ? it->get<double>() : -1;
+    check(it->is_number() && (v == 0 || (v >= 0.001 && v <= 1000)), path, ": \"train_only_ratio\" is ", show(*it),
+          " (expected 0 or a number from 0.001 to 1000)");
+    r.train_only_ratio = v;
+  }
   if (const auto it = j.find("seed"); it != j.end()) {
     check(it->is_number_unsigned(), path, ": \"seed\" is ", show(*it), " (expected an integer from 0 to 2^64-1)");
     r.seed = it->get<uint64_t>();

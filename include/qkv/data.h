@@ -97,6 +97,10 @@ std::vector<std::string> read_lines(const std::string& path, ReadReport* report 
 // How many of n records a held-out fraction takes: round(n f), at least 1 when f > 0, at most n.
 int64_t held_out_count(int64_t n, double fraction);
 
+// A Fisher-Yates permutation of [0, n) driven by qkv::Rng(seed): the shuffle every split and
+// plan below uses. Throws qkv::Error for n < 0.
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed);
+
 struct SplitIndices {
   std::vector<int64_t> train, valid, test;  // each sorted ascending; together a partition of [0, n)
 };
@@ -108,6 +112,30 @@ struct SplitIndices {
 // both fractions are finite, >= 0 and sum to < 1, and at least one example is left to train
 // (so with any fraction > 0, n >= 2; with both > 0, n >= 3).
 SplitIndices split_indices(int64_t n, double valid_fraction, double test_fraction, uint64_t seed);
+
+// split_indices with groups kept whole: group[i] in [0, n) names example i's group (a group
+// may be empty of examples). perm <- a Fisher-Yates permutation of [0, G) by qkv::Rng(seed),
+// G = max group + 1; walking perm, each group goes whole to the validation split if it fits
+// there (the split then holds at most n_valid examples), else to the test split if it fits there
+// (at most n_test), else to training. So a held-out split never holds more than its count, and
+// holds fewer only when the groups left are too big for the room left (a group bigger than a
+// split's count always trains). With every group a single example (group[i] = i) this is exactly
+// split_indices. Throws qkv::Error as split_indices does, or for a group id outside [0, n).
+SplitIndices split_groups(const std::vector<int64_t>& group, double valid_fraction, double test_fraction,
+                          uint64_t seed);
+
+// What two texts share when one is a near-copy of the other: the text with its letters
+// lower-cased (A-Z, and Latin-1 À-Þ but ×), every run of other characters (punctuation,
+// quotes, dashes, spaces: ASCII that is not a letter or digit, U+0000-U+00BF, × ÷, U+2000-U+2BFF,
+// U+3000-U+303F) one space, trimmed. "„Wo ist der Bahnhof?“" and "wo ist der Bahnhof" share
+// "wo ist der bahnhof". `s` must be valid UTF-8.
+std::string near_copy_key(std::string_view s);
+
+// Groups of near-copies among translation pairs: pairs whose sources, or whose targets, have the
+// same near_copy_key are in one group (transitively). group[i] numbers pair i's group in order of
+// first member (0, 1, 2, ...): the input of split_groups, so that no held-out sentence has a
+// near-copy in training. A side whose key is empty (no letter or digit: "?!") joins nothing.
+std::vector<int64_t> near_copy_groups(const std::vector<TextPair>& pairs);
 
 // Language-model windows: w_k <- ids[k*window, k*window + window + 1) for k = 0, 1, ... while
 // the window fits, i.e. (ids.size() - 1) / window windows of window + 1 tokens, consecutive
@@ -135,6 +163,16 @@ struct BatchPlan {
 // empty plan. Throws qkv::Error unless max_tokens >= 1 and every length >= 1 (naming the
 // first bad index).
 BatchPlan batch_by_length(const std::vector<int64_t>& lengths, int64_t max_tokens, uint64_t seed, bool shuffle);
+
+// The training plan of epoch `epoch`: batch_by_length(lengths, max_tokens, seed + 7919 epoch,
+// shuffle = true) when core < 0 or core >= n. Otherwise examples [0, core) are trained on every
+// epoch and [core, n) are a pool: pool <- seeded_permutation(n - core, seed + 104729) + core,
+// take <- min(pool_per_epoch, n - core), and the epoch plans examples [0, core) with
+// pool[(epoch take + i) mod (n - core)] for i < take (so consecutive epochs take consecutive
+// slices, cycling), by batch_by_length with the same seed as above, indices mapped back to
+// `lengths`. Throws qkv::Error as batch_by_length does, or for epoch < 0 or pool_per_epoch < 0.
+BatchPlan plan_epoch(const std::vector<int64_t>& lengths, int64_t max_tokens, uint64_t seed, int64_t epoch,
+                     int64_t core = -1, int64_t pool_per_epoch = 0);
 
 // ---- corpora from Debian packages (src/text/corpora.cpp) ------------------------------------
 
@@ -164,6 +202,28 @@ std::vector<TextPair> ding_sentence_pairs(const std::string& path = "/usr/share/
 //   alternatives: "sheer/pure"); no ellipsis (… or ...); no placeholder (etw. jd. jdm. jdn.
 //   jds. sth. sb.).
 std::string ding_whole_sentence(std::string_view sub_entry);
+
+// Word and phrase pairs (source = German, target = English) from the same file: every aligned
+// pair of sub-entries that is not a whole-sentence pair (both sides passing
+// ding_whole_sentence()) gives the pairs of ding_phrases(German) x ding_phrases(English), each
+// (German, English) pair once (first occurrence wins). "Schlange {f} [zool.] | Schlangen {pl}
+// :: snake | snakes" gives (Schlange, snake) and (Schlangen, snakes). Lines and malformed lines
+// are read and counted as by ding_sentence_pairs. Debian 12's file gives 687,056 pairs.
+// Throws qkv::Error if the file cannot be read or no pair is found.
+std::vector<TextPair> ding_phrase_pairs(const std::string& path = "/usr/share/trans/de-en",
+                                        ReadReport* report = nullptr);
+
+// The word or phrase translations one Ding sub-entry lists, cleaned: for each of its `;`
+// alternatives (outside brackets), at most the first kDingPhraseAlternatives kept ones:
+//   s <- the alternative without every (...), [...], <...> and {...} group (nested ones too;
+//        unbalanced or crossed: skip), whitespace collapsed and trimmed as in
+//        ding_whole_sentence;
+//   skip s if it is empty, has more than kDingPhraseWords words, a '/' other than between
+//   digits, an ellipsis or a placeholder, or repeats a kept alternative.
+// "Abfall {m}; Müll {m} [ugs.]" gives {"Abfall", "Müll"}.
+constexpr int64_t kDingPhraseAlternatives = 3;
+constexpr int64_t kDingPhraseWords = 8;
+std::vector<std::string> ding_phrases(std::string_view sub_entry);
 
 // Every verse of the King James Bible in canonical order (Genesis 1:1 to Revelation 22:21,
 // 31,102 verses), text only, without references; runs of spaces collapsed to one. Runs the

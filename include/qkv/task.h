@@ -66,6 +66,18 @@ struct LoopConfig {
   // (the others pass empty vectors, and no file in out_dir is read on them): it sends every rank
   // the lengths, its share of the validation split, and each epoch the examples of its parts.
   int64_t parts = 1;
+  // A pool drawn from epoch by epoch (qkv train --train-only with --train-only-ratio): when
+  // `core` >= 0, examples [0, core) are trained on every epoch and examples [core, n) are a pool
+  // of which each epoch adds the next `pool_per_epoch` (at most the pool's size) of one seeded
+  // shuffle of the pool, cyclically: epoch e takes shuffle[(e p + i) mod P] for i < p. With
+  // ranks, rank 0's `core` and `pool_per_epoch` count (the others may pass any values).
+  int64_t core = -1;
+  int64_t pool_per_epoch = 0;
+  // Checkpoint averaging: at every validation the weights are also written to
+  // out_dir/snapshots/step-NNNNNNNNN.safetensors, the last `average` of them kept; when training
+  // ends, their mean (summed in double) is validated, and it becomes the model directory's
+  // weights if its loss is below the best single one. 0 or 1: off.
+  int64_t average = 0;
 };
 
 struct LoopProgress {
@@ -89,6 +101,9 @@ struct LoopResult {
   bool interrupted = false;     // stopped by LoopConfig::stop
   double step_seconds = 0;      // in Trainer::step (this run)
   double comm_seconds = 0;      // ... of which summing over the ranks (data parallelism)
+  int64_t averaged = 0;         // LoopConfig::average: the snapshots averaged at the end (0: none)
+  double averaged_valid_loss = 0;  // ... their mean's validation loss (NaN: no validation split)
+  bool averaged_kept = false;      // ... which became the model directory's weights
 };
 
 // Trains the trainer's model. Writes into out_dir (which exists):
@@ -96,6 +111,7 @@ struct LoopResult {
 //   checkpoint.safetensors            the last state (weights, AdamW, step, RNG, data position)
 //   metrics.jsonl                     one JSON object per logged step and per validation
 //   loss.svg                          training and validation loss against step
+//   snapshots/                        with LoopConfig::average, the weights at the last validations
 // With resume, continues from out_dir/checkpoint.safetensors exactly (same batches, same
 // dropout, bit for bit) and keeps the metrics already written.
 LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,

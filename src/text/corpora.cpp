@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -37,8 +38,8 @@ bool is_ascii_letter(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <
 // Part of a word: an ASCII letter or digit, or any byte of a multi-byte UTF-8 character.
 bool is_word_byte(char c) { return is_ascii_letter(c) || is_digit(c) || static_cast<unsigned char>(c) >= 0x80; }
 
-char closer_of(char c) { return c == '(' ? ')' : c == '[' ? ']' : c == '<' ? '>' : 0; }
-bool is_closer(char c) { return c == ')' || c == ']' || c == '>'; }
+char closer_of(char c) { return c == '(' ? ')' : c == '[' ? ']' : c == '<' ? '>' : c == '{' ? '}' : 0; }
+bool is_closer(char c) { return c == ')' || c == ']' || c == '>' || c == '}'; }
 
 // An upper-case letter starts `s`: A-Z, or U+00C0..U+00DE except U+00D7 (x sign), in UTF-8
 // C3 80..C3 9E except C3 97.
@@ -107,34 +108,42 @@ std::string excerpt(std::string_view s) { return s.size() <= 80 ? std::string(s)
 
 }  // namespace
 
-std::string ding_whole_sentence(std::string_view sub) {
-  // A grammar tag ({m}, {pl}, {vt}, ...) marks a dictionary headword, not a sentence.
-  if (sub.find('{') != std::string_view::npos) return "";
-  // sub <- its first ';' alternative outside brackets
+namespace {
+
+// The pieces of a Ding sub-entry between its `;` separators outside brackets.
+std::vector<std::string_view> ding_alternatives(std::string_view sub) {
+  std::vector<std::string_view> out;
   int depth = 0;
+  size_t start = 0;
   for (size_t i = 0; i < sub.size(); ++i) {
     if (closer_of(sub[i])) ++depth;
     else if (is_closer(sub[i]) && depth > 0) --depth;
     else if (sub[i] == ';' && depth == 0) {
-      sub = sub.substr(0, i);
-      break;
+      out.push_back(sub.substr(start, i - start));
+      start = i + 1;
     }
   }
-  // bare <- sub without its (...), [...] and <...> groups, nested ones included
+  out.push_back(sub.substr(start));
+  return out;
+}
+
+// `alt` without its (...), [...], <...> and {...} groups (nested ones included), whitespace runs
+// collapsed to one space, trimmed, no space before , . ! ? ; : -- or "" when its brackets are
+// unbalanced or crossed.
+std::string ding_bare(std::string_view alt) {
   std::string bare;
   std::string open;  // the closers the groups now open expect, innermost last
-  for (char c : sub) {
+  for (char c : alt) {
     if (char close = closer_of(c)) {
       open += close;
     } else if (is_closer(c)) {
-      if (open.empty() || open.back() != c) return "";  // unbalanced or crossed brackets
+      if (open.empty() || open.back() != c) return "";
       open.pop_back();
     } else if (open.empty()) {
       bare += c;
     }
   }
   if (!open.empty()) return "";
-  // s <- bare with whitespace runs collapsed to one space, trimmed, no space before , . ! ? ; :
   std::string s;
   for (char c : bare) {
     if (is_ascii_space(c)) {
@@ -145,21 +154,55 @@ std::string ding_whole_sentence(std::string_view sub) {
     s += c;
   }
   if (!s.empty() && s.back() == ' ') s.pop_back();
+  return s;
+}
+
+// Neither an alternative ('/' other than between digits), an ellipsis (… or ...), nor a
+// placeholder (etw., sb., ...): text that stands for itself.
+bool plain_text(std::string_view s) {
+  return !has_slash_alternative(s) && s.find("\xE2\x80\xA6") == std::string_view::npos &&
+         s.find("...") == std::string_view::npos && !has_placeholder(s);
+}
+
+int64_t word_count(std::string_view s) {
+  int64_t n = s.empty() ? 0 : 1;
+  for (char c : s) n += c == ' ';
+  return n;
+}
+
+}  // namespace
+
+std::string ding_whole_sentence(std::string_view sub) {
+  // A grammar tag ({m}, {pl}, {vt}, ...) marks a dictionary headword, not a sentence.
+  if (sub.find('{') != std::string_view::npos) return "";
+  const std::string s = ding_bare(ding_alternatives(sub).front());
   // Keep s only if it reads as a whole sentence.
   if (!starts_upper(s)) return "";
   if (s.back() != '.' && s.back() != '!' && s.back() != '?') return "";
   if (s.find(' ') == std::string::npos) return "";  // at least 2 words
-  if (has_slash_alternative(s)) return "";
-  if (s.find("\xE2\x80\xA6") != std::string::npos || s.find("...") != std::string::npos) return "";  // … or ...
-  if (has_placeholder(s)) return "";
+  if (!plain_text(s)) return "";
   return s;
 }
 
-std::vector<TextPair> ding_sentence_pairs(const std::string& path, ReadReport* report) {
-  ReadReport r;
+std::vector<std::string> ding_phrases(std::string_view sub) {
+  std::vector<std::string> out;
+  for (std::string_view alt : ding_alternatives(sub)) {
+    if (static_cast<int64_t>(out.size()) == kDingPhraseAlternatives) break;
+    std::string s = ding_bare(alt);
+    if (s.empty() || !plain_text(s) || word_count(s) > kDingPhraseWords) continue;
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+namespace {
+
+// Calls each(German, English) for every aligned pair of sub-entries of the Ding file at `path`,
+// counting lines and malformed lines in *report (see ding_sentence_pairs); `what` names the
+// records for the error when none is kept (report->used == 0).
+template <typename Each>
+void read_ding(const std::string& path, ReadReport& r, const char* what, Each each) {
   r.unit = "pairs";
-  std::vector<TextPair> out;
-  std::unordered_set<std::string> seen;  // German + '\0' + English of every pair kept
   LineReader in(path);
   std::string line;
   while (in.next(line)) {
@@ -188,24 +231,56 @@ std::vector<TextPair> ding_sentence_pairs(const std::string& path, ReadReport* r
       }
       continue;
     }
-    for (size_t k = 0; k < de.size(); ++k) {
-      std::string src = ding_whole_sentence(de[k]);
-      if (src.empty()) continue;
-      std::string tgt = ding_whole_sentence(en[k]);
-      if (tgt.empty()) continue;
-      if (!seen.insert(src + '\0' + tgt).second) continue;
-      out.push_back({std::move(src), std::move(tgt)});
-      ++r.used;
-    }
+    for (size_t k = 0; k < de.size(); ++k) each(de[k], en[k]);
   }
-  if (report) *report = r;
   if (r.used == 0) {
-    std::string why = detail::concat(path, ": no whole-sentence pairs in ", r.lines, r.lines == 1 ? " line" : " lines");
+    std::string why = detail::concat(path, ": no ", what, " in ", r.lines, r.lines == 1 ? " line" : " lines");
     if (r.malformed > 0)
       why += detail::concat(" (", r.malformed, " malformed; first: line ", r.first_malformed_line, ": ",
                             r.first_malformed_reason, ")");
     throw Error(why + "; expected the Ding dictionary's `German :: English` lines (Debian package trans-de-en)");
   }
+}
+
+}  // namespace
+
+std::vector<TextPair> ding_sentence_pairs(const std::string& path, ReadReport* report) {
+  ReadReport r;
+  std::vector<TextPair> out;
+  std::unordered_set<std::string> seen;  // German + '\0' + English of every pair kept
+  read_ding(path, r, "whole-sentence pairs", [&](std::string_view de, std::string_view en) {
+    std::string src = ding_whole_sentence(de);
+    if (src.empty()) return;
+    std::string tgt = ding_whole_sentence(en);
+    if (tgt.empty()) return;
+    if (!seen.insert(src + '\0' + tgt).second) return;
+    out.push_back({std::move(src), std::move(tgt)});
+    ++r.used;
+  });
+  if (report) *report = r;
+  return out;
+}
+
+std::vector<TextPair> ding_phrase_pairs(const std::string& path, ReadReport* report) {
+  ReadReport r;
+  std::vector<TextPair> out;
+  std::unordered_set<std::string> seen;  // German + '\0' + English of every pair kept
+  read_ding(path, r, "word or phrase pairs", [&](std::string_view de, std::string_view en) {
+    if (!ding_whole_sentence(de).empty() && !ding_whole_sentence(en).empty()) return;  // a sentence pair
+    const std::vector<std::string> src = ding_phrases(de);
+    if (src.empty()) return;
+    const std::vector<std::string> tgt = ding_phrases(en);
+    for (const std::string& s : src)
+      for (const std::string& t : tgt) {
+        // a sentence on both sides (a later alternative, or "Ach so! | I see!") is left to the sentences
+        if (!ding_whole_sentence(s).empty() && !ding_whole_sentence(t).empty()) continue;
+        if (seen.insert(s + '\0' + t).second) {
+          out.push_back({s, t});
+          ++r.used;
+        }
+      }
+  });
+  if (report) *report = r;
   return out;
 }
 

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <limits>
 #include <numeric>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "qkv/error.h"
@@ -235,7 +237,25 @@ int64_t held_out_count(int64_t n, double fraction) {
   return std::min(c, n);
 }
 
+std::vector<int64_t> seeded_permutation(int64_t n, uint64_t seed) {
+  check(n >= 0, "seeded_permutation: n = ", n, ", expected n >= 0");
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  Rng rng(seed);
+  shuffle_in_place(perm, rng);
+  return perm;
+}
+
 SplitIndices split_indices(int64_t n, double valid_fraction, double test_fraction, uint64_t seed) {
+  check(n >= 1, "split_indices: n = ", n, " examples, expected n >= 1");
+  std::vector<int64_t> group(static_cast<size_t>(n));
+  std::iota(group.begin(), group.end(), int64_t{0});
+  return split_groups(group, valid_fraction, test_fraction, seed);
+}
+
+SplitIndices split_groups(const std::vector<int64_t>& group, double valid_fraction, double test_fraction,
+                          uint64_t seed) {
+  const int64_t n = static_cast<int64_t>(group.size());
   check(n >= 1, "split_indices: n = ", n, " examples, expected n >= 1");
   for (auto [name, f] : {std::pair{"valid_fraction", valid_fraction}, std::pair{"test_fraction", test_fraction}})
     check(std::isfinite(f) && f >= 0.0 && f < 1.0, "split_indices: ", name, " = ", f, ", expected 0 <= f < 1");
@@ -244,17 +264,136 @@ SplitIndices split_indices(int64_t n, double valid_fraction, double test_fractio
   const int64_t n_valid = held_out_count(n, valid_fraction), n_test = held_out_count(n, test_fraction);
   check(n_valid + n_test < n, "split_indices: n = ", n, " examples cannot give ", n_valid, " valid and ", n_test,
         " test examples and still leave one to train on");
-  // perm <- Fisher-Yates permutation of [0, n) with Rng(seed)
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  std::iota(perm.begin(), perm.end(), int64_t{0});
-  Rng rng(seed);
-  shuffle_in_place(perm, rng);
+  // members[g] <- the examples of group g, ascending
+  int64_t n_groups = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    check(group[i] >= 0 && group[i] < n, "split_groups: group[", i, "] = ", group[i], ", expected 0 <= g < ", n);
+    n_groups = std::max(n_groups, group[i] + 1);
+  }
+  std::vector<std::vector<int64_t>> members(static_cast<size_t>(n_groups));
+  for (int64_t i = 0; i < n; ++i) members[group[i]].push_back(i);
   SplitIndices s;
-  s.valid.assign(perm.begin(), perm.begin() + n_valid);
-  s.test.assign(perm.begin() + n_valid, perm.begin() + n_valid + n_test);
-  s.train.assign(perm.begin() + n_valid + n_test, perm.end());
+  const std::vector<int64_t> perm = seeded_permutation(n_groups, seed);
+  auto fits = [&](const std::vector<int64_t>& split, int64_t count, int64_t g) {
+    return static_cast<int64_t>(split.size() + members[g].size()) <= count;
+  };
+  for (int64_t g : perm) {
+    if (members[g].empty()) continue;
+    std::vector<int64_t>& to = fits(s.valid, n_valid, g) ? s.valid : fits(s.test, n_test, g) ? s.test : s.train;
+    to.insert(to.end(), members[g].begin(), members[g].end());
+  }
+  check(!s.train.empty(), "split_groups: ", n, " examples in ", n_groups, " groups leave none to train on after ",
+        s.valid.size(), " valid and ", s.test.size(), " test examples");
   for (auto* v : {&s.train, &s.valid, &s.test}) std::sort(v->begin(), v->end());
   return s;
+}
+
+namespace {
+
+// The code point of the UTF-8 character at s[i] (advancing i past it); `s` is valid UTF-8.
+uint32_t next_code_point(std::string_view s, size_t& i) {
+  const unsigned char c = static_cast<unsigned char>(s[i]);
+  const int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
+  for (int k = 1; k < len && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  i += static_cast<size_t>(len);
+  return cp;
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+}  // namespace
+
+std::string near_copy_key(std::string_view s) {
+  std::string out;
+  bool gap = false;
+  for (size_t i = 0; i < s.size();) {
+    uint32_t cp = next_code_point(s, i);
+    const bool word = (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
+                      (cp >= 0xC0 && cp != 0xD7 && cp != 0xF7 && !(cp >= 0x2000 && cp <= 0x2BFF) &&
+                       !(cp >= 0x3000 && cp <= 0x303F));
+    if (!word) {
+      gap = !out.empty();
+      continue;
+    }
+    if ((cp >= 'A' && cp <= 'Z') || (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)) cp += 0x20;
+    if (gap) out += ' ';
+    gap = false;
+    append_utf8(out, cp);
+  }
+  return out;
+}
+
+std::vector<int64_t> near_copy_groups(const std::vector<TextPair>& pairs) {
+  const int64_t n = static_cast<int64_t>(pairs.size());
+  // parent: a union-find forest over the pairs; pairs sharing a side's key are joined
+  std::vector<int64_t> parent(static_cast<size_t>(n));
+  std::iota(parent.begin(), parent.end(), int64_t{0});
+  auto root = [&](int64_t x) {
+    while (parent[x] != x) x = parent[x] = parent[parent[x]];
+    return x;
+  };
+  std::unordered_map<std::string, int64_t> first[2];  // per side: key -> the first pair with it
+  for (int64_t i = 0; i < n; ++i)
+    for (int side = 0; side < 2; ++side) {
+      std::string key = near_copy_key(side == 0 ? pairs[i].source : pairs[i].target);
+      if (key.empty()) continue;  // a side with no letter or digit ("?!") joins nothing
+      const auto [it, added] = first[side].emplace(std::move(key), i);
+      if (!added) {
+        const int64_t a = root(i), b = root(it->second);
+        parent[std::max(a, b)] = std::min(a, b);
+      }
+    }
+  // group <- each root's rank among the roots, in order of first member
+  std::vector<int64_t> group(static_cast<size_t>(n), -1), id(static_cast<size_t>(n), -1);
+  int64_t next = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = root(i);
+    if (id[r] < 0) id[r] = next++;
+    group[i] = id[r];
+  }
+  return group;
+}
+
+BatchPlan plan_epoch(const std::vector<int64_t>& lengths, int64_t max_tokens, uint64_t seed, int64_t epoch,
+                     int64_t core, int64_t pool_per_epoch) {
+  check(epoch >= 0, "plan_epoch: epoch = ", epoch, ", expected >= 0");
+  const uint64_t epoch_seed = seed + 7919 * static_cast<uint64_t>(epoch);
+  const auto n = static_cast<int64_t>(lengths.size());
+  if (core < 0 || core >= n) return batch_by_length(lengths, max_tokens, epoch_seed, true);
+  check(pool_per_epoch >= 0, "plan_epoch: pool_per_epoch = ", pool_per_epoch, ", expected >= 0");
+  // pool <- [core, n) shuffled once; idx <- [0, core), then the epoch's slice of the pool
+  std::vector<int64_t> pool = seeded_permutation(n - core, seed + 104729);
+  const int64_t P = n - core, take = std::min(pool_per_epoch, P);
+  std::vector<int64_t> idx(static_cast<size_t>(core));
+  std::iota(idx.begin(), idx.end(), int64_t{0});
+  __extension__ typedef unsigned __int128 u128;  // epoch * take may pass 2^64
+  const auto first = static_cast<int64_t>((static_cast<u128>(epoch) * static_cast<uint64_t>(take)) %
+                                          static_cast<uint64_t>(P));
+  for (int64_t i = 0; i < take; ++i) idx.push_back(core + pool[static_cast<size_t>((first + i) % P)]);
+  // the plan over idx's lengths, mapped back to indices of `lengths`
+  std::vector<int64_t> sub(idx.size());
+  for (size_t i = 0; i < idx.size(); ++i) sub[i] = lengths[static_cast<size_t>(idx[i])];
+  BatchPlan plan = batch_by_length(sub, max_tokens, epoch_seed, true);
+  for (auto& batch : plan.batches)
+    for (int64_t& i : batch) i = idx[static_cast<size_t>(i)];
+  return plan;
 }
 
 std::vector<std::vector<int32_t>> pack_windows(const std::vector<int32_t>& ids, int64_t window) {

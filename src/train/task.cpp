@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <numeric>
 #include <optional>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -303,6 +306,33 @@ std::vector<int64_t> part_of(const std::vector<int64_t>& global, int64_t r, int6
 
 }  // namespace
 
+namespace {
+
+// Checkpoint averaging's files: out_dir/snapshots/step-NNNNNNNNN.safetensors, by step.
+std::string snapshot_dir(const std::string& out_dir) { return out_dir + "/snapshots"; }
+std::string snapshot_path(const std::string& out_dir, int64_t step) {
+  char name[48];
+  std::snprintf(name, sizeof name, "/step-%09lld.safetensors", static_cast<long long>(step));
+  return snapshot_dir(out_dir) + name;
+}
+// The steps of the snapshots in out_dir, ascending (other files are left alone).
+std::vector<int64_t> snapshot_steps(const std::string& out_dir) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(snapshot_dir(out_dir), ec)) {
+    const std::string n = e.path().filename().string();
+    long long step = -1;
+    int used = 0;
+    if (n.size() == 26 && std::sscanf(n.c_str(), "step-%9lld.safetensors%n", &step, &used) == 1 &&
+        used == static_cast<int>(n.size()) && step >= 0 && n == snapshot_path("", step).substr(11))
+      steps.push_back(step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+}  // namespace
+
 LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
                         const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
                         bool resume, const std::function<void(const LoopProgress&)>& on_progress) {
@@ -372,17 +402,34 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   }
   std::string metrics_text;
   for (const Metric& m : metrics) metrics_text += m.line + "\n";
+  // Snapshots beyond the checkpoint's step belong to steps that will be redone.
+  if (lead && config.average > 1)
+    for (int64_t s : snapshot_steps(out_dir))
+      if (s > trainer.steps_done()) std::filesystem::remove(snapshot_path(out_dir, s));
+  // The weights now as a snapshot; only the last config.average are kept.
+  auto save_snapshot = [&] {
+    if (config.average <= 1) return;
+    std::filesystem::create_directories(snapshot_dir(out_dir));
+    write_safetensors(snapshot_path(out_dir, trainer.steps_done()), model.state_dict());
+    std::vector<int64_t> steps = snapshot_steps(out_dir);
+    for (size_t i = 0; i + static_cast<size_t>(config.average) < steps.size(); ++i)
+      std::filesystem::remove(snapshot_path(out_dir, steps[i]));
+  };
 
   std::vector<int64_t> lengths = lead ? lengths_of(task, train) : std::vector<int64_t>{};
-  int64_t n_valid = static_cast<int64_t>(valid.size());
+  int64_t n_valid = static_cast<int64_t>(valid.size()), core = config.core, pool_per_epoch = config.pool_per_epoch;
   if (comm) {
-    int64_t n[2] = {static_cast<int64_t>(lengths.size()), n_valid};
+    int64_t n[4] = {static_cast<int64_t>(lengths.size()), n_valid, core, pool_per_epoch};
     comm->broadcast(n, sizeof n, 0);
     lengths.resize(static_cast<size_t>(n[0]));
     n_valid = n[1];
+    core = n[2];
+    pool_per_epoch = n[3];
     comm->broadcast(lengths.data(), n[0] * static_cast<int64_t>(sizeof(int64_t)), 0);
   }
-  auto plan_for = [&](int64_t e) { return batch_by_length(lengths, config.max_tokens, config.seed + 7919 * static_cast<uint64_t>(e), true); };
+  auto plan_for = [&](int64_t e) {
+    return plan_epoch(lengths, config.max_tokens, config.seed, e, core, pool_per_epoch);
+  };
   // Every epoch has its own plan, and plans under a token budget differ in length from epoch to
   // epoch: the batch count is always the current plan's.
   BatchPlan plan = plan_for(epoch);
@@ -611,8 +658,10 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     metrics_text += metric_line(m, extra) + "\n";
     if (eval_now) {
       // metrics first: a kill between the two writes leaves lines past the checkpoint's step (the
-      // resumed run drops and redoes them), never a checkpoint whose steps have no lines
+      // resumed run drops and redoes them), never a checkpoint whose steps have no lines; so with
+      // the snapshot
       write_file_atomic(metrics_path, metrics_text);
+      save_snapshot();
       save_checkpoint();
       write_curve(out_dir, metrics, task);
     }
@@ -642,10 +691,48 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   // Interrupted or out of time between evaluations: the last state is saved either way (the
   // metrics first, as above).
   write_file_atomic(metrics_path, metrics_text);
+  if (!res.interrupted && last_eval_step != trainer.steps_done()) save_snapshot();
   save_checkpoint();
   write_curve(out_dir, metrics, task);
   struct stat st{};
   if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
+  // Checkpoint averaging: the mean of the kept snapshots, validated (on this process: the other
+  // ranks have returned), replaces the model directory's weights if it validates better.
+  const std::vector<int64_t> snaps = config.average > 1 && !res.interrupted ? snapshot_steps(out_dir)
+                                                                           : std::vector<int64_t>{};
+  if (snaps.size() >= 2) {
+    const std::vector<std::pair<std::string, Tensor>> now = model.state_dict();
+    std::vector<std::vector<double>> sum(now.size());
+    for (size_t k = 0; k < now.size(); ++k) sum[k].assign(static_cast<size_t>(now[k].second.numel()), 0.0);
+    for (int64_t s : snaps) {
+      const std::string path = snapshot_path(out_dir, s);
+      const SafetensorsFile f = read_safetensors(path);
+      for (size_t k = 0; k < now.size(); ++k) {
+        const Tensor* t = f.find(now[k].first);
+        check(t && t->shape() == now[k].second.shape() && t->dtype() == DType::F32, path, ": ", now[k].first,
+              t ? " has another shape or type than the model's" : " is missing", "; remove ", snapshot_dir(out_dir),
+              " (a snapshot of another run?)");
+        const float* v = t->data<float>();
+        for (size_t i = 0; i < sum[k].size(); ++i) sum[k][i] += v[i];
+      }
+    }
+    std::vector<std::pair<std::string, Tensor>> mean;
+    for (size_t k = 0; k < now.size(); ++k) {
+      Tensor t(now[k].second.shape(), DType::F32);
+      float* d = t.data<float>();
+      for (size_t i = 0; i < sum[k].size(); ++i) d[i] = static_cast<float>(sum[k][i] / static_cast<double>(snaps.size()));
+      mean.emplace_back(now[k].first, std::move(t));
+    }
+    model.load_state_dict(mean);
+    res.averaged = static_cast<int64_t>(snaps.size());
+    res.averaged_valid_loss = valid.empty() ? nan : evaluate(model, task, valid, config.max_tokens).loss;
+    if (!valid.empty() && res.averaged_valid_loss < best) {
+      best = res.averaged_valid_loss;
+      res.averaged_kept = true;
+      model.save(out_dir);
+    }
+    model.load_state_dict(now);
+  }
   res.best_valid_loss = std::isfinite(best) ? best : nan;
   res.last_valid_loss = last_valid;
   return res;
