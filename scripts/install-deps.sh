@@ -1,40 +1,52 @@
 #!/usr/bin/env bash
-# Installs what qkv needs to build, test and benchmark, from Debian 12's archive only.
+# Installs what qkv needs, from Debian 12's archive only.
+#   scripts/install-deps.sh main   what the main job needs: build the qkv tool and the Ding
+#                                  dictionary it trains on (scripts/demo.sh)
+#   scripts/install-deps.sh        everything: the above, and what the tests and benchmarks need
+#                                  (GoogleTest, PyTorch, Open MPI, chromium, clang-16, node, ...)
 # Idempotent: does nothing (and needs no network) when everything is already installed.
 set -euo pipefail
+what=${1:-all}
+case "$what" in
+  main | all) ;;
+  *) echo "usage: scripts/install-deps.sh [main|all]" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libopenblas-openmp-dev      # single-row products (OpenMP build: shares qkv's thread pool)
   libdnnl-dev                 # GEMM: oneDNN (OpenMP runtime)
   ocl-icd-opencl-dev          # oneDNN's CMake package requires OpenCL (only a Recommends of libdnnl-dev)
-  libgtest-dev                # tests
   libcli11-dev                # command line
   nlohmann-json3-dev          # config.json, safetensors headers, --json output
-  python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
-  python3-sentencepiece       # the Hugging Face tokenizer parity test (SentencePiece's own encoding)
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
   libboost-dev                # qkv serve: Boost.Beast (HTTP/1.1) on Boost.Asio, header-only
-  libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
-  chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
-  clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
-  libomp-16-dev               # ... and clang's OpenMP runtime, which they link
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)
-  bible-kjv                   # English prose for language models (the King James Bible)
 )
-# The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm, the
-# explorer's browser test puppeteer-core: Debian's nodejs and npm,
-# unless the machine already has both.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
+if [ "$what" = all ]; then
+  PACKAGES+=(
+    libgtest-dev                # tests
+    python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
+    python3-sentencepiece       # the Hugging Face tokenizer parity test (SentencePiece's own encoding)
+    libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
+    chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
+    clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
+    libomp-16-dev               # ... and clang's OpenMP runtime, which they link
+    bible-kjv                   # English prose for language models (the King James Bible)
+  )
+  # The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm, the
+  # explorer's browser test puppeteer-core: Debian's nodejs and npm, unless the machine already has both.
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then PACKAGES+=(nodejs npm); fi
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  echo "install-deps: all ${#PACKAGES[@]} packages present ($what)"
   exit 0
 fi
 

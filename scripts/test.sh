@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
-scripts/install-deps.sh
+scripts/install-deps.sh all
 echo "== build (Release)"
-scripts/build.sh
+scripts/build.sh -DQKV_BUILD_TESTS=ON
 # ctest runs tests side by side; OpenMP threads that spin while they wait would then fight over
 # the cores (one learning test took 215 s instead of a few). Passive waiting changes no result.
 export OMP_WAIT_POLICY=passive

@@ -64,7 +64,7 @@ if(NOT ft_loss OR NOT scratch_loss OR NOT ft_loss LESS scratch_loss)
 endif()
 message(STATUS "validation loss after 4 steps: ${ft_loss} from --init, ${scratch_loss} from random weights")
 run_qkv(0 out err --threads 2 train --out "${w}/ft-hf" --resume --steps 6)
-expect_contains("${out}" "trained 6 steps" "resume a fine-tuning run")
+expect_contains("${out}" "trained 2 more steps (6 in all" "resume a fine-tuning run")
 run_qkv(0 out err --threads 1 generate --model "${w}/ft-hf" --prompt "one two" --max-len 5)
 
 # a Llama-shaped model with a SentencePiece vocabulary, exported with tokenizer.model and

@@ -416,6 +416,30 @@ TEST(Task, PooledRunResumesExactly) {
 
 // Checkpoint averaging: the last N validations' weights are kept as snapshots (so also across a
 // resume), and their mean, if it validates better than every single one, is the model.
+// Without eval_every, eval_every_seconds validates by the clock instead of at each epoch's end:
+// a due time at every step validates at every step; one never reached, only at the end.
+TEST(Task, ValidationByTheClock) {
+  const Task task = Task::Translate;
+  const std::vector<Example> train = make_examples(task, 40, 41), valid = make_examples(task, 8, 42);
+  auto validations = [&](double seconds) {
+    TempDir dir("clock");
+    LoopConfig lc = loop(6);
+    lc.eval_every = 0;
+    lc.eval_every_seconds = seconds;
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    run_training(t, task, train, valid, dir.path().string(), lc, false);
+    int64_t n = 0;
+    std::istringstream in(read_bytes(dir / "metrics.jsonl"));
+    std::string line;
+    while (std::getline(in, line)) n += line.find("\"valid_loss\"") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(validations(1e-9), 6);
+  EXPECT_EQ(validations(1e9), 1);
+}
+
 TEST(Task, CheckpointAveragingKeepsTheLastSnapshotsAndTheirMean) {
   const Task task = Task::Translate;
   const std::vector<Example> train = make_examples(task, 40, 41), valid = make_examples(task, 8, 42);

@@ -294,6 +294,26 @@ TEST(LineChart, WideTitleStartsAtTheLeftEdge) {
   expect_well_formed(svg, "wide title");
 }
 
+// A faint series (raw points under a smoothed curve) shares a colour with its curve; a caption
+// sits under the chart, escaped, and makes the document taller.
+TEST(LineChart, FaintSeriesSharedColourAndCaption) {
+  Series raw = ramp("raw", 5), mean = ramp("mean", 5), other = ramp("other", 5);
+  raw.faint = true;
+  raw.colour = 1;
+  mean.colour = 1;
+  const std::string svg = qkv::viz::line_chart_svg({raw, mean, other}, "t", "step", "loss", false,
+                                                   {"first <line>", "second line"});
+  EXPECT_EQ(count(svg, "stroke-opacity=\"0.35\""), 2u);  // the faint polyline group and its legend line
+  EXPECT_EQ(count(svg, "stroke=\"#f28e2b\""), 4u);        // raw and mean: palette entry 1, lines and legend
+  EXPECT_EQ(count(svg, "stroke=\"#e15759\""), 2u);        // other: its own index, 2
+  EXPECT_NE(svg.find(">first &lt;line&gt;</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">second line</text>"), std::string::npos);
+  const std::string plain = qkv::viz::line_chart_svg({raw, mean, other}, "t", "step", "loss");
+  auto height = [](const std::string& doc) { return std::stod(doc.substr(doc.find("height=\"") + 8)); };
+  EXPECT_GT(height(svg), height(plain));
+  expect_well_formed(svg, "caption");
+}
+
 TEST(LineChart, NonFinitePointsAreSkippedAndBreakTheLine) {
   Series s{"gappy", {0, 1, 2, 3, 4, 5}, {1, 2, kNaN, 4, kInf, 6}};
   Series t{"x-gap", {0, kNaN, 2}, {1, 1, 1}};

@@ -108,6 +108,9 @@ ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tok
         c.positional = Positional::Sinusoidal;
         c.scale_embeddings = true;
         c.tie_embeddings = true;
+        // one vocabulary for both languages, one table: the encoder's and the decoder's embedding
+        // and the output layer (names, numbers and shared subwords are learned once)
+        c.share_embeddings = true;
         break;
       case Task::LanguageModel:
         c.arch = Arch::Decoder;
@@ -534,8 +537,15 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   int64_t train_tokens = 0;
   for (const Example& e : train.examples) train_tokens += example_length(task, e);
   const size_t n_test = test_raw.pairs.size() + test_raw.labeled.size() + test_raw.lines.size();
-  std::fprintf(stderr, "qkv train: %zu training examples (%lld tokens), %zu validation, %zu test%s\n",
-               train.examples.size(), static_cast<long long>(train_tokens), valid.examples.size(), n_test,
+  // units: translation pairs, classified texts; a language model trains and validates on windows
+  // of its text (a window: --max-len + 1 tokens, the last one's shorter) and tests on lines
+  const std::string unit = task == Task::Translate ? "pairs"
+                           : task == Task::Classify ? "texts"
+                                                    : detail::concat("windows of up to ", o.max_len + 1, " tokens");
+  std::fprintf(stderr, "qkv train: %zu training %s (%lld tokens), %zu validation %s, %zu test %s%s\n",
+               train.examples.size(), unit.c_str(), static_cast<long long>(train_tokens), valid.examples.size(),
+               task == Task::LanguageModel ? "windows" : unit.c_str(), n_test,
+               task == Task::LanguageModel ? "lines" : unit.c_str(),
                train.dropped ? (", " + std::to_string(train.dropped) + " training pairs over --max-len dropped").c_str() : "");
   if (valid.examples.empty())
     std::fprintf(stderr, "qkv train: note: no validation split: the model directory keeps the last weights\n");
@@ -723,6 +733,9 @@ int run(Options o) {
   lc.max_minutes = o.minutes;
   lc.max_tokens = o.max_tokens;
   lc.eval_every = o.eval_every;
+  // a run bounded by time validates by the clock, ten times over its minutes (at most every 10
+  // minutes, at least every 10 s), not once per epoch: a language model's epoch may outlast it
+  if (o.eval_every == 0 && o.minutes > 0) lc.eval_every_seconds = std::clamp(6.0 * o.minutes, 10.0, 600.0);
   lc.seed = o.seed;
   lc.stop = &stop.flag();
   lc.parts = o.parts;
@@ -754,9 +767,24 @@ int run(Options o) {
     best = b;
     if (ppl) best += " (perplexity " + fmt_perplexity(r.best_valid_loss) + ")";
   }
-  std::printf("qkv train: %s %lld steps (%lld epochs) in %s; %s; model in %s\n",
-              r.interrupted ? "interrupted after" : "trained", static_cast<long long>(r.steps),
-              static_cast<long long>(r.epochs_done), fmt_duration(r.seconds).c_str(), best.c_str(), o.out.c_str());
+  // "trained 1848 steps (16.3 epochs) in 9m00s", or after --resume "trained 150 more steps (254 in
+  // all, 2.1 epochs) in 3m03s": this run's steps are the ones its time was spent on
+  const long long run_steps = r.steps - r.start_step;
+  char epochs[32];
+  std::snprintf(epochs, sizeof epochs, "%.1f epoch%s", r.epochs, r.epochs == 1.0 ? "" : "s");
+  if (r.start_step == 0)
+    std::printf("qkv train: %s %lld step%s (%s) in %s; %s; model in %s\n", r.interrupted ? "interrupted after" : "trained",
+                run_steps, run_steps == 1 ? "" : "s", epochs, fmt_duration(r.seconds).c_str(), best.c_str(),
+                o.out.c_str());
+  else if (run_steps == 0 && !r.interrupted)
+    std::printf("qkv train: nothing to do: the run in %s is already at step %lld (%s), which meets its limit; ask "
+                "for more (--steps, --epochs or --minutes); %s\n",
+                o.out.c_str(), static_cast<long long>(r.steps), epochs, best.c_str());
+  else
+    std::printf("qkv train: %s %lld more step%s (%lld in all, %s) in %s; %s; model in %s\n",
+                r.interrupted ? "interrupted after" : "trained", run_steps, run_steps == 1 ? "" : "s",
+                static_cast<long long>(r.steps), epochs,
+                fmt_duration(r.seconds).c_str(), best.c_str(), o.out.c_str());
   if (r.averaged > 0) {
     if (std::isnan(r.averaged_valid_loss))
       std::printf("qkv train: the mean of the last %lld snapshots is not validated (no validation split): the model "
@@ -821,7 +849,7 @@ Runner add_train(CLI::App& app) {
       ->transform(whole(1, 1 << 24));
   c->add_option("--max-len", o->max_len, "Longest sequence in tokens (translate: longer pairs dropped; lm: the window)")
       ->transform(whole(2, 1 << 20));
-  c->add_option("--eval-every", o->eval_every, "Validate (and save the best) every N steps (default: every epoch)")
+  c->add_option("--eval-every", o->eval_every, "Validate (and save the best) every N steps (default: every epoch; with --minutes M, every M/10 minutes, 10 s to 10 min)")
       ->transform(whole(1, 1 << 30));
   c->add_option("--lr", o->lr, "Factor on the 2017 learning-rate formula d_model^-0.5 min(step^-0.5, step warmup^-1.5) (default 1)")->transform(finite(1e-6, 1e3));
   c->add_option("--warmup", o->warmup, "Warmup steps (default: the preset's)")->transform(whole(1, 1 << 30));

@@ -56,7 +56,9 @@ struct LoopConfig {
   int64_t max_epochs = 0;     // ... or epochs (0: no limit)
   double max_minutes = 0;     // ... or minutes of training (0: no limit)
   int64_t max_tokens = 4096;  // token budget of a batch, padding included
-  int64_t eval_every = 0;     // validate every this many steps (0: once per epoch)
+  int64_t eval_every = 0;     // validate every this many steps (0: once per epoch, or by the clock)
+  double eval_every_seconds = 0;  // with eval_every = 0: validate every this many seconds of this
+                                  // run instead of once per epoch (0: once per epoch)
   uint64_t seed = 0;          // data order
   const std::atomic<bool>* stop = nullptr;  // set (e.g. by SIGINT): checkpoint and return
   // Each global batch in this many strided parts, accumulated in one step (needs the trainer's
@@ -94,7 +96,9 @@ struct LoopProgress {
 
 struct LoopResult {
   int64_t steps = 0;            // optimiser steps done in total (resumed runs included)
-  int64_t epochs_done = 0;
+  int64_t start_step = 0;       // ... of which done before this run (by the run it resumed)
+  int64_t epochs_done = 0;      // whole epochs done in total
+  double epochs = 0;            // epochs in total, the current one's done fraction included
   double best_valid_loss = 0;
   double last_valid_loss = 0;
   double seconds = 0;           // this run's training time

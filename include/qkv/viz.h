@@ -13,6 +13,8 @@ namespace qkv::viz {
 struct Series {
   std::string name;        // legend text (any UTF-8; escaped); "" -> "series <i>"
   std::vector<double> x, y;  // same length
+  int colour = -1;         // palette index (-1: the series' own index), so two series can share one
+  bool faint = false;      // drawn thin and pale: the raw points under a smoothed curve
 };
 
 // A line chart of one or more series: axes with 1-2-5 ticks and grid lines, title, axis labels,
@@ -21,8 +23,10 @@ struct Series {
 // in the same way (they have no place on a log axis), and the y ticks are 1-2-5 or decade ticks.
 // A series may be empty (it is listed in the legend as "no points"); if no series has a point
 // to draw, or x and y lengths differ, it throws qkv::Error.
+// `caption` lines are printed in small type under the chart.
 std::string line_chart_svg(const std::vector<Series>& series, const std::string& title,
-                           const std::string& x_label, const std::string& y_label, bool log_y = false);
+                           const std::string& x_label, const std::string& y_label, bool log_y = false,
+                           const std::vector<std::string>& caption = {});
 
 // A heatmap of w (rows x cols, row-major), e.g. attention weights: rows are queries, labelled
 // by row_labels on the left; columns are keys, labelled by col_labels written vertically above

@@ -246,15 +246,42 @@ std::string metric_line(const Metric& m, const json& extra) {
   return j.dump();
 }
 
-void write_curve(const std::string& dir, const std::vector<Metric>& ms, Task task) {
-  viz::Series tr{"train loss", {}, {}}, va{"validation loss", {}, {}};
+// loss.svg: the training loss of each logged step (pale), its trailing mean over a window of
+// about 2% of the run (at least 1, at most 200 logged steps), and the validation loss, with a
+// caption saying why the two losses differ.
+void write_curve(const std::string& dir, const std::vector<Metric>& ms, Task task, float dropout,
+                 float label_smoothing) {
+  viz::Series tr{"train loss, each step", {}, {}, 0, true}, va{"validation loss", {}, {}, 1};
   for (const Metric& m : ms) {
     if (!std::isnan(m.loss)) tr.x.push_back(static_cast<double>(m.step)), tr.y.push_back(m.loss);
     if (!std::isnan(m.valid_loss)) va.x.push_back(static_cast<double>(m.step)), va.y.push_back(m.valid_loss);
   }
   if (tr.x.empty() && va.x.empty()) return;
+  const size_t window = std::clamp<size_t>(tr.x.size() / 50, 1, 200);
+  viz::Series mean{detail::concat("train loss, mean of ", window, window == 1 ? " step" : " steps"), {}, {}, 0};
+  double sum = 0;  // of the last `window` finite losses
+  std::vector<double> last;
+  for (size_t i = 0; i < tr.x.size(); ++i) {
+    if (!std::isfinite(tr.y[i])) continue;
+    last.push_back(tr.y[i]);
+    sum += tr.y[i];
+    if (last.size() > window) sum -= last[last.size() - window - 1];
+    if (last.size() >= window) mean.x.push_back(tr.x[i]), mean.y.push_back(sum / static_cast<double>(window));
+  }
+  std::vector<viz::Series> series = {tr, va};
+  if (window > 1) series = {tr, mean, va};
+  std::vector<std::string> caption;
+  char line[256];
+  std::snprintf(line, sizeof line, "train loss: on each batch as trained, with dropout %.2g%s", static_cast<double>(dropout),
+                label_smoothing > 0 ? detail::concat(" and label smoothing ", static_cast<double>(label_smoothing),
+                                                     " (the loss against the smoothed target)").c_str()
+                                    : "");
+  caption.emplace_back(line);
+  caption.emplace_back("validation loss: plain cross-entropy on the validation split, no dropout" +
+                       std::string(dropout > 0 || label_smoothing > 0 ? ": it can sit below the training loss" : ""));
   const std::string title = std::string("qkv train --task ") + task_name(task);
-  viz::write_svg(dir + "/loss.svg", viz::line_chart_svg({tr, va}, title, "step", "cross-entropy (nats)", true));
+  viz::write_svg(dir + "/loss.svg",
+                 viz::line_chart_svg(series, title, "step", "cross-entropy (nats)", true, caption));
 }
 
 // Examples as bytes, for rank 0 to send them to another rank: per example its source and target
@@ -478,14 +505,19 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   check(parts == 1 || comm || trainer.config().token_mean,
         "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
   bool limit = false, stop_now = false;
+  // a validation by the clock (LoopConfig::eval_every_seconds) is due: agreed like the limits
+  bool clock_eval = false;
+  double next_clock_eval = config.eval_every_seconds;
   auto decide = [&] {
     limit = limit_reached();
     stop_now = config.stop && config.stop->load();
+    clock_eval = config.eval_every <= 0 && config.eval_every_seconds > 0 && elapsed() >= next_clock_eval;
     if (comm) {
-      double f[2] = {limit ? 1.0 : 0.0, stop_now ? 1.0 : 0.0};
-      comm->sum_doubles(f, 2);
+      double f[3] = {limit ? 1.0 : 0.0, stop_now ? 1.0 : 0.0, clock_eval ? 1.0 : 0.0};
+      comm->sum_doubles(f, 3);
       limit = f[0] > 0;
       stop_now = f[1] > 0;
+      clock_eval = f[2] > 0;
     }
   };
   decide();
@@ -635,9 +667,13 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     }
     // (a stop request skips validation: Ctrl-C should save and return at once)
     // (without --eval-every: at the end of each epoch, whatever its length)
-    const bool eval_now = (config.eval_every > 0 ? rep.step % config.eval_every == 0 : batch_pos == per_epoch()) ||
+    // (with eval_every_seconds: when the clock says so, instead of at each epoch's end)
+    const bool eval_now = (config.eval_every > 0             ? rep.step % config.eval_every == 0
+                           : config.eval_every_seconds > 0 ? clock_eval
+                                                           : batch_pos == per_epoch()) ||
                           limit;
     if (eval_now) last_eval_step = rep.step;
+    if (clock_eval) next_clock_eval = elapsed() + config.eval_every_seconds;
     std::optional<EvalResult> evaluated;
     if (eval_now && n_valid > 0) evaluated = validate();  // (every rank: its share)
     if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
@@ -663,13 +699,16 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
       write_file_atomic(metrics_path, metrics_text);
       save_snapshot();
       save_checkpoint();
-      write_curve(out_dir, metrics, task);
+      write_curve(out_dir, metrics, task, cfg.dropout, trainer.config().label_smoothing);
     }
     p.fraction = fraction();
     if (on_progress) on_progress(p);
   }
   res.steps = trainer.steps_done();
+  res.start_step = start_step;
   res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
+  res.epochs = static_cast<double>(epoch) +
+               std::min(1.0, static_cast<double>(batch_pos) / static_cast<double>(std::max<int64_t>(1, per_epoch())));
   res.seconds = elapsed();
   // A run that ended between evaluations is validated once more (its weights may be the best).
   std::optional<EvalResult> final_eval;
@@ -693,7 +732,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
   write_file_atomic(metrics_path, metrics_text);
   if (!res.interrupted && last_eval_step != trainer.steps_done()) save_snapshot();
   save_checkpoint();
-  write_curve(out_dir, metrics, task);
+  write_curve(out_dir, metrics, task, cfg.dropout, trainer.config().label_smoothing);
   struct stat st{};
   if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
   // Checkpoint averaging: the mean of the kept snapshots, validated (on this process: the other

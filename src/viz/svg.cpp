@@ -238,8 +238,15 @@ std::vector<double> log_ticks(double lo, double hi) {
   return ticks;
 }
 
+namespace {
+// A series' colour: its own palette entry, or the one it names (Series::colour).
+std::string series_colour(const Series& sr, size_t index) {
+  return kPalette[(sr.colour >= 0 ? static_cast<size_t>(sr.colour) : index) % 10];
+}
+}  // namespace
+
 std::string line_chart_svg(const std::vector<Series>& series, const std::string& title, const std::string& x_label,
-                           const std::string& y_label, bool log_y) {
+                           const std::string& y_label, bool log_y, const std::vector<std::string>& caption) {
   check(!series.empty(), "line_chart_svg: no series to plot");
   // runs[s] <- the maximal runs of drawable points of series s (finite; y > 0 on a log axis)
   std::vector<std::vector<std::vector<std::pair<double, double>>>> runs(series.size());
@@ -297,9 +304,13 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
   // a title wider than the plot starts at the left edge instead of overflowing it
   const double title_w = text_em(title) * 16 * 0.95;
   const bool title_wide = title_w > kPlotW;
-  const double width = std::max(legend_x + legend_w + 10, title_wide ? 12 + title_w + 12 : 0.0);
+  constexpr double kCaption = 12;
+  double caption_w = 0;
+  for (const std::string& line : caption) caption_w = std::max(caption_w, text_em(line) * kCaption + 24);
+  const double width = std::max({legend_x + legend_w + 10, title_wide ? 12 + title_w + 12 : 0.0, caption_w});
   const double legend_h = 14 + 20.0 * static_cast<double>(series.size());
-  const double height = std::max(top + kPlotH + 58, top + legend_h + 10);
+  const double caption_h = caption.empty() ? 0 : 8 + 16.0 * static_cast<double>(caption.size());
+  const double height = std::max(top + kPlotH + 58 + caption_h, top + legend_h + 10);
   // px <- left + (x - x0) / (x1 - x0) * W;  py <- top + H - (f(y) - y0) / (y1 - y0) * H
   auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * kPlotW; };
   auto py = [&](double y) { return top + kPlotH - (yf(y) - y0) / (y1 - y0) * kPlotH; };
@@ -322,11 +333,13 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
   svg += "</g>\n";
   // series: one polyline per run, a dot for a run of one point or for sparse series
   for (size_t s = 0; s < series.size(); ++s) {
-    const std::string colour = kPalette[s % 10];
+    const std::string colour = series_colour(series[s], s);
     const char* dash = kDashes[(s / 10) % 4];
+    const bool faint = series[s].faint;
     size_t points = 0;
     for (const auto& run : runs[s]) points += run.size();
-    svg += "<g fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"2\" stroke-linejoin=\"round\"" +
+    svg += "<g fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"" + (faint ? "1\" stroke-opacity=\"0.35" : "2") +
+           "\" stroke-linejoin=\"round\"" +
            (*dash ? std::string(" stroke-dasharray=\"") + dash + "\"" : std::string()) + ">\n";
     for (const auto& run : runs[s]) {
       if (run.size() < 2) continue;
@@ -355,7 +368,8 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
     const double ly = top + 16 + 20.0 * static_cast<double>(s);
     const char* dash = kDashes[(s / 10) % 4];
     svg += "<line x1=\"" + num(legend_x) + "\" y1=\"" + num(ly - 4) + "\" x2=\"" + num(legend_x + 24) + "\" y2=\"" +
-           num(ly - 4) + "\" stroke=\"" + (runs[s].empty() ? "#bbbbbb" : kPalette[s % 10]) + "\" stroke-width=\"2.5\"" +
+           num(ly - 4) + "\" stroke=\"" + (runs[s].empty() ? "#bbbbbb" : series_colour(series[s], s)) + "\"" +
+           (series[s].faint ? " stroke-width=\"1.5\" stroke-opacity=\"0.35\"" : " stroke-width=\"2.5\"") +
            (*dash ? std::string(" stroke-dasharray=\"") + dash + "\"" : std::string()) + "/>\n";
     svg += text_el(legend_x + 32, ly, names[s], "start", kLegendFont, " fill=\"#222222\"");
   }
@@ -365,6 +379,9 @@ std::string line_chart_svg(const std::vector<Series>& series, const std::string&
     svg += text_el(title_wide ? 12 : left + kPlotW / 2, 30, title, title_wide ? "start" : "middle", 16,
                    " font-weight=\"bold\" fill=\"#111111\"");
   if (!x_label.empty()) svg += text_el(left + kPlotW / 2, top + kPlotH + 44, x_label, "middle", 13, " fill=\"#222222\"");
+  for (size_t i = 0; i < caption.size(); ++i)
+    svg += text_el(12, top + kPlotH + 70 + 16.0 * static_cast<double>(i), caption[i], "start", kCaption,
+                   " fill=\"#555555\"");
   if (!y_label.empty() || log_y) {
     const std::string yl = log_y ? (y_label.empty() ? "log scale" : y_label + " (log scale)") : y_label;
     const double cy = top + kPlotH / 2;
