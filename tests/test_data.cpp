@@ -333,6 +333,7 @@ TEST(NearCopy, KeyIgnoresCaseAndPunctuation) {
   EXPECT_EQ(near_copy_key("3 \xC3\x97 4"), "3 4");                   // × is not a letter
   EXPECT_EQ(near_copy_key("Stra\xC3\x9F" "e"), "stra\xC3\x9F" "e");   // ß stays (no upper case in Latin-1)
   EXPECT_EQ(near_copy_key("?!"), "");
+  EXPECT_EQ(near_copy_key("a\xFF" "b\xC3"), "a b");  // invalid bytes are punctuation
   EXPECT_EQ(near_copy_key(""), "");
 }
 

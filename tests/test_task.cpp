@@ -100,6 +100,31 @@ LoopConfig loop(int64_t steps) {
   return lc;
 }
 
+// Trains the run `lc` describes (weights from init(1), train_config()) into dir and stops it, as
+// Ctrl-C would, after `steps` steps.
+LoopResult run_stopped(Task task, const std::vector<Example>& train, const std::vector<Example>& valid,
+                       const std::filesystem::path& dir, LoopConfig lc, int64_t steps) {
+  std::atomic<bool> stop{false};
+  Model m(config_for(task));
+  m.init(1);
+  Trainer t(m, train_config());
+  lc.stop = &stop;
+  int64_t calls = 0;
+  return run_training(t, task, train, valid, dir.string(), lc, false, [&](const LoopProgress&) {
+    if (++calls == steps) stop = true;
+  });
+}
+
+// Resumes the run in dir to lc's limits, from a model and trainer whose own weights and settings
+// are not the run's (the checkpoint must bring them all).
+LoopResult run_resumed(Task task, const std::vector<Example>& train, const std::vector<Example>& valid,
+                       const std::filesystem::path& dir, const LoopConfig& lc) {
+  Model m(config_for(task));
+  m.init(5);
+  Trainer t(m, TrainConfig{});
+  return run_training(t, task, train, valid, dir.string(), lc, true);
+}
+
 TEST(Task, BatchesPadShiftAndLabel) {
   const std::vector<Example> ex = make_examples(Task::Translate, 3, 1);
   const Batch b = make_batch(config_for(Task::Translate), Task::Translate, ex, {0, 2});
@@ -297,18 +322,8 @@ TEST(Task, EpochsWhosePlansDifferInLengthTrainResumeAndReportProgress) {
   EXPECT_EQ(validations, 2);
 
   // stopped 3 steps into the shorter second epoch, then resumed to the end
-  std::atomic<bool> stop{false};
   {
-    Model m(config_for(task));
-    m.init(1);
-    Trainer t(m, train_config());
-    LoopConfig first = lc;
-    first.stop = &stop;
-    int64_t calls = 0;
-    const LoopResult r = run_training(t, task, train, valid, split.path().string(), first, false,
-                                      [&](const LoopProgress&) {
-                                        if (++calls == sizes[0] + 3) stop = true;
-                                      });
+    const LoopResult r = run_stopped(task, train, valid, split.path(), lc, sizes[0] + 3);
     EXPECT_TRUE(r.interrupted);
     EXPECT_EQ(r.steps, sizes[0] + 3);
   }
@@ -393,24 +408,8 @@ TEST(Task, PooledRunResumesExactly) {
     const LoopResult r = run_training(t, task, train, valid, straight.path().string(), lc, false);
     EXPECT_EQ(r.steps, sizes[0] + sizes[1] + sizes[2]);
   }
-  std::atomic<bool> stop{false};
-  {
-    Model m(config_for(task));
-    m.init(1);
-    Trainer t(m, train_config());
-    LoopConfig first = lc;
-    first.stop = &stop;
-    int64_t calls = 0;
-    run_training(t, task, train, valid, split.path().string(), first, false, [&](const LoopProgress&) {
-      if (++calls == sizes[0] + 2) stop = true;
-    });
-  }
-  {
-    Model m(config_for(task));
-    m.init(5);
-    Trainer t(m, TrainConfig{});
-    run_training(t, task, train, valid, split.path().string(), lc, true);
-  }
+  run_stopped(task, train, valid, split.path(), lc, sizes[0] + 2);
+  run_resumed(task, train, valid, split.path(), lc);
   EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"));
 }
 
@@ -495,24 +494,8 @@ TEST(Task, CheckpointAveragingKeepsTheLastSnapshotsAndTheirMean) {
   EXPECT_NEAR(evaluate(saved, task, valid, 48).loss, std::min(best_single, r.averaged_valid_loss), 1e-6);
 
   // stopped after step 6 and resumed: the same snapshots, bit for bit
-  std::atomic<bool> stop{false};
-  {
-    Model m(config_for(task));
-    m.init(1);
-    Trainer t(m, train_config());
-    LoopConfig first = lc;
-    first.stop = &stop;
-    int64_t calls = 0;
-    run_training(t, task, train, valid, split.path().string(), first, false, [&](const LoopProgress&) {
-      if (++calls == 6) stop = true;
-    });
-  }
-  {
-    Model m(config_for(task));
-    m.init(5);
-    Trainer t(m, TrainConfig{});
-    run_training(t, task, train, valid, split.path().string(), lc, true);
-  }
+  run_stopped(task, train, valid, split.path(), lc, 6);
+  run_resumed(task, train, valid, split.path(), lc);
   for (const std::string& n : names)
     EXPECT_EQ(read_bytes(straight / ("snapshots/" + n)), read_bytes(split / ("snapshots/" + n))) << n;
   EXPECT_EQ(read_bytes(straight / "model.safetensors"), read_bytes(split / "model.safetensors"));

@@ -128,7 +128,7 @@ SplitIndices split_groups(const std::vector<int64_t>& group, double valid_fracti
 // lower-cased (A-Z, and Latin-1 À-Þ but ×), every run of other characters (punctuation,
 // quotes, dashes, spaces: ASCII that is not a letter or digit, U+0000-U+00BF, × ÷, U+2000-U+2BFF,
 // U+3000-U+303F) one space, trimmed. "„Wo ist der Bahnhof?“" and "wo ist der Bahnhof" share
-// "wo ist der bahnhof". `s` must be valid UTF-8.
+// "wo ist der bahnhof". Bytes that are not valid UTF-8 count as punctuation.
 std::string near_copy_key(std::string_view s);
 
 // Groups of near-copies among translation pairs: pairs whose sources, or whose targets, have the

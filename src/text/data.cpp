@@ -16,6 +16,7 @@
 #include "qkv/error.h"
 #include "qkv/tokenizer.h"
 #include "qkv/rng.h"
+#include "unicode.h"
 
 namespace qkv {
 namespace {
@@ -288,46 +289,16 @@ SplitIndices split_groups(const std::vector<int64_t>& group, double valid_fracti
   return s;
 }
 
-namespace {
-
-// The code point of the UTF-8 character at s[i] (advancing i past it); `s` is valid UTF-8.
-uint32_t next_code_point(std::string_view s, size_t& i) {
-  const unsigned char c = static_cast<unsigned char>(s[i]);
-  const int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-  uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
-  for (int k = 1; k < len && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  i += static_cast<size_t>(len);
-  return cp;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-}  // namespace
-
 std::string near_copy_key(std::string_view s) {
   std::string out;
   bool gap = false;
   for (size_t i = 0; i < s.size();) {
-    uint32_t cp = next_code_point(s, i);
-    const bool word = (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
+    char32_t cp = 0;
+    const size_t len = decode_utf8(s, i, cp);
+    i += len > 0 ? len : 1;  // (an invalid byte is not a letter)
+    const bool word = len > 0 && ((cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
                       (cp >= 0xC0 && cp != 0xD7 && cp != 0xF7 && !(cp >= 0x2000 && cp <= 0x2BFF) &&
-                       !(cp >= 0x3000 && cp <= 0x303F));
+                       !(cp >= 0x3000 && cp <= 0x303F)));
     if (!word) {
       gap = !out.empty();
       continue;
@@ -335,7 +306,7 @@ std::string near_copy_key(std::string_view s) {
     if ((cp >= 'A' && cp <= 'Z') || (cp >= 0xC0 && cp <= 0xDE && cp != 0xD7)) cp += 0x20;
     if (gap) out += ' ';
     gap = false;
-    append_utf8(out, cp);
+    text::append_utf8(out, cp);
   }
   return out;
 }
