@@ -45,6 +45,16 @@ foreach(f config.json model.safetensors qkv_tokenizer.json task.json train.json 
           loss.svg test.tsv)
   expect_file("${w}/tr/${f}" "train --task translate")
 endforeach()
+# the translator is pre-norm with a fused q/k/v and interleaved sinusoids: the export to Marian
+# lists every setting that does not map in one error
+run_qkv(2 out err export --model "${w}/tr" --out "${w}/tr-hf")
+foreach(part "4 settings do not map onto Hugging Face's marian: " "positional = sinusoidal (" "norm_first = true ("
+             "final_norm = true (" "fused_qkv = true (")
+  expect_contains("${err}" "${part}" "export lists every unmappable setting")
+endforeach()
+if(EXISTS "${w}/tr-hf")
+  message(FATAL_ERROR "a refused export left ${w}/tr-hf behind")
+endif()
 file(READ "${w}/tr/loss.svg" curve)
 expect_contains("${curve}" "with dropout 0.1 and label smoothing 0.1" "loss.svg says how the training loss is taken")
 expect_contains("${curve}" "validation loss: plain cross-entropy on the validation split, no dropout" "loss.svg caption")

@@ -617,12 +617,25 @@ const char* hf_activation_name(Activation a, bool gpt2) {
 }
 
 // What an exported config must satisfy, checked in order: the first unmet requirement is named.
+// What a family needs of a config: each requirement not met is noted (the setting and why), and
+// map_config refuses the config once, listing them all.
 struct Needs {
   const ModelConfig& c;
   std::string type;
+  std::shared_ptr<std::vector<std::string>> unmet = std::make_shared<std::vector<std::string>>();
   void operator()(bool ok, const std::string& setting, const char* why) const {
-    if (!ok)
-      throw Error(detail::concat("config: ", setting, " does not map onto Hugging Face's ", type, " (", why, ")"));
+    if (!ok) unmet->push_back(detail::concat(setting, " (", why, ")"));
+  }
+  // Throws the one error naming every requirement noted as not met.
+  void refuse_unmet() const {
+    if (unmet->empty()) return;
+    std::string list;
+    for (size_t i = 0; i < unmet->size(); ++i) list += (i ? "; " : "") + (*unmet)[i];
+    throw Error(unmet->size() == 1
+                    ? detail::concat("config: ", list.substr(0, list.find(" (")), " does not map onto Hugging Face's ",
+                                     type, list.substr(list.find(" (")))
+                    : detail::concat("config: ", unmet->size(), " settings do not map onto Hugging Face's ", type,
+                                     ": ", list));
   }
   // n_heads heads of d_model / n_heads dimensions for queries, keys and values
   void plain_heads(const char* why) const {
@@ -636,7 +649,7 @@ struct Needs {
   const char* activation() const {
     const char* a = hf_activation_name(c.activation, type == "gpt2");
     (*this)(a != nullptr, detail::concat("activation = ", activation_name(c.activation)), "not an activation it has");
-    return a;
+    return a ? a : "";  // (refused by refuse_unmet before the config is used)
   }
   // GPT-2 and Llama: a pre-norm decoder with a final norm and an unscaled, unnormalised embedding
   void pre_norm_decoder(NormKind norm, const char* why_norm) const {
@@ -844,9 +857,12 @@ Mapping map_config(const ModelConfig& c, const std::vector<std::string>& labels 
     Needs need{c, "gpt2 or llama"};
     need(c.positional == Positional::Learned || c.positional == Positional::Rope,
          detail::concat("positional = ", positional_name(c.positional)), "gpt2 has learned positions, llama RoPE");
+    need.refuse_unmet();  // (the positions choose the family the rest is checked against)
     type = c.positional == Positional::Learned ? "gpt2" : "llama";
   }
-  Mapping m{type, family_of(type, "export").export_config(Needs{c, type}, labels)};
+  const Needs need{c, type};
+  Mapping m{type, family_of(type, "export").export_config(need, labels)};
+  need.refuse_unmet();
   json& j = m.config;
   if (c.arch != Arch::EncoderDecoder) {
     if (c.bos_id >= 0) j["bos_token_id"] = c.bos_id;
