@@ -136,21 +136,18 @@ def scale_min_k4(j, s):
     return (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4)
 
 
-def random_kquant(rng, typ, rows, cols):
-    """Random super-blocks of `typ` with small finite scales, and their weights dequantised by the
-    layout's rules (float32 arithmetic in the order the rules state)."""
-    nb = rows * cols // 256
-    size = {Q4_K: 144, Q5_K: 176, Q6_K: 210}[typ]
-    raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
-    d = rng.uniform(0.0005, 0.003, size=nb).astype(np.float16)
-    dmin = rng.uniform(0.0, 0.002, size=nb).astype(np.float16)
+KQ_SIZE = {Q4_K: 144, Q5_K: 176, Q6_K: 210}
+
+
+def kquant_values(typ, raw):
+    """The float32 weights that super-blocks of `typ` hold (uint8 array (nb, size)), by the layout's
+    rules (float32 arithmetic in the order the rules state): (nb, 256)."""
+    nb = len(raw)
     out = np.zeros((nb, 256), dtype=np.float32)
     for b in range(nb):
         blk = raw[b]
         if typ in (Q4_K, Q5_K):
-            blk[0:2] = np.array([d[b]]).view(np.uint8)
-            blk[2:4] = np.array([dmin[b]]).view(np.uint8)
-            D, M = np.float32(d[b]), np.float32(dmin[b])
+            D, M = np.float32(blk[0:2].view(np.float16)[0]), np.float32(blk[2:4].view(np.float16)[0])
             sc = blk[4:16]
             qh = blk[16:48] if typ == Q5_K else None
             qs = blk[48:176] if typ == Q5_K else blk[16:144]
@@ -165,8 +162,7 @@ def random_kquant(rng, typ, rows, cols):
                     y.append((D * np.float32(scv)) * v.astype(np.float32) - M * np.float32(mv))
             out[b] = np.concatenate(y)
         else:
-            blk[208:210] = np.array([d[b]]).view(np.uint8)
-            D = np.float32(d[b])
+            D = np.float32(blk[208:210].view(np.float16)[0])
             ql, qh, sc = blk[0:128].astype(np.int32), blk[128:192].astype(np.int32), blk[192:208].view(np.int8)
             y = np.zeros(256, dtype=np.float32)
             for n in range(2):
@@ -183,7 +179,91 @@ def random_kquant(rng, typ, rows, cols):
                     y[base + l + 64] = D * S[i + 4] * np.float32(q3)
                     y[base + l + 96] = D * S[i + 6] * np.float32(q4)
             out[b] = y
-    return raw.tobytes(), out.reshape(rows, cols)
+    return out
+
+
+def random_kquant(rng, typ, rows, cols):
+    """Random super-blocks of `typ` with small finite scales, and their weights dequantised by the
+    layout's rules."""
+    nb = rows * cols // 256
+    raw = rng.integers(0, 256, size=(nb, KQ_SIZE[typ]), dtype=np.uint8)
+    d = rng.uniform(0.0005, 0.003, size=nb).astype(np.float16)
+    dmin = rng.uniform(0.0, 0.002, size=nb).astype(np.float16)
+    if typ in (Q4_K, Q5_K):
+        raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+        raw[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+    else:
+        raw[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
+    return raw.tobytes(), kquant_values(typ, raw).reshape(rows, cols)
+
+
+def pack_kquant(typ, w):
+    """float32 weights (rows, cols; cols a multiple of 256) as super-blocks of `typ`, written from the
+    layout alone with a plain rounding quantiser (llama.cpp searches for better scales, so its files
+    round somewhat more closely; the layout and its reading are the same). Q4_K / Q5_K: per 32 the
+    range [min(0, lo), hi] in 15 / 31 steps, the steps and minima as 6-bit multiples of the
+    super-block's float16 d and dmin; Q6_K: per 16 a signed step max|x| / 32 as an int8 multiple of
+    d, q in [-32, 31]. Returns (bytes, the values the blocks hold)."""
+    x = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, 256)
+    nb = len(x)
+    raw = np.zeros((nb, KQ_SIZE[typ]), dtype=np.uint8)
+    if typ in (Q4_K, Q5_K):
+        nmax = 15 if typ == Q4_K else 31
+        sub = x.reshape(nb, 8, 32)
+        lo = np.minimum(sub.min(axis=2), 0)
+        step = (sub.max(axis=2) - lo) / nmax  # (nb, 8)
+        mn = -lo
+        d = (step.max(axis=1) / 63).astype(np.float16)
+        dmin = (mn.max(axis=1) / 63).astype(np.float16)
+        D, M = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+        sc = np.clip(np.rint(np.where(D > 0, step / np.where(D > 0, D, 1), 0)), 0, 63).astype(np.int32)
+        m = np.clip(np.rint(np.where(M > 0, mn / np.where(M > 0, M, 1), 0)), 0, 63).astype(np.int32)
+        d1, m1 = (D * sc.astype(np.float32))[:, :, None], (M * m.astype(np.float32))[:, :, None]
+        q = np.clip(np.rint(np.where(d1 > 0, (sub + m1) / np.where(d1 > 0, d1, 1), 0)), 0, nmax).astype(np.int32)
+        raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+        raw[:, 2:4] = dmin.view(np.uint8).reshape(-1, 2)
+        s12 = np.zeros((nb, 12), dtype=np.int32)
+        for j in range(4):  # the inverse of scale_min_k4
+            s12[:, j] = sc[:, j] | ((sc[:, j + 4] >> 4) << 6)
+            s12[:, j + 4] = m[:, j] | ((m[:, j + 4] >> 4) << 6)
+            s12[:, j + 8] = (sc[:, j + 4] & 0xF) | ((m[:, j + 4] & 0xF) << 4)
+        raw[:, 4:16] = s12
+        qs = np.zeros((nb, 128), dtype=np.int32)
+        qh = np.zeros((nb, 32), dtype=np.int32)
+        for s in range(4):
+            lo4, hi4 = q[:, 2 * s], q[:, 2 * s + 1]
+            qs[:, 32 * s:32 * s + 32] = (lo4 & 0xF) | ((hi4 & 0xF) << 4)
+            qh |= ((lo4 >> 4) & 1) << (2 * s) | ((hi4 >> 4) & 1) << (2 * s + 1)
+        if typ == Q5_K:
+            raw[:, 16:48] = qh
+            raw[:, 48:176] = qs
+        else:
+            raw[:, 16:144] = qs
+    elif typ == Q6_K:
+        sub = x.reshape(nb, 16, 16)
+        at = np.abs(sub).argmax(axis=2)
+        big = np.take_along_axis(sub, at[:, :, None], axis=2)[:, :, 0]
+        step = big / -32  # the largest magnitude lands on -32 (q in [-32, 31])
+        d = (np.abs(step).max(axis=1) / 127).astype(np.float16)
+        D = d.astype(np.float32)[:, None]
+        sc = np.clip(np.rint(np.where(D > 0, step / np.where(D > 0, D, 1), 0)), -128, 127).astype(np.int32)
+        d1 = (D * sc.astype(np.float32))[:, :, None]
+        q = np.clip(np.rint(np.where(d1 != 0, sub / np.where(d1 != 0, d1, 1), 0)), -32, 31).astype(np.int32) + 32
+        q = q.reshape(nb, 256)
+        ql = np.zeros((nb, 128), dtype=np.int32)
+        qh = np.zeros((nb, 64), dtype=np.int32)
+        for n in range(2):
+            q1, q2, q3, q4 = (q[:, 128 * n + 32 * k:128 * n + 32 * k + 32] for k in range(4))
+            ql[:, 64 * n:64 * n + 32] = (q1 & 0xF) | ((q3 & 0xF) << 4)
+            ql[:, 64 * n + 32:64 * n + 64] = (q2 & 0xF) | ((q4 & 0xF) << 4)
+            qh[:, 32 * n:32 * n + 32] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6)
+        raw[:, 0:128] = ql
+        raw[:, 128:192] = qh
+        raw[:, 192:208] = sc.astype(np.int8).view(np.uint8)
+        raw[:, 208:210] = d.view(np.uint8).reshape(-1, 2)
+    else:
+        raise ValueError(typ)
+    return raw.tobytes(), kquant_values(typ, raw).reshape(w.shape)
 
 
 def pack(typ, w):
@@ -429,6 +509,30 @@ def main():
     ok(np.array_equal(got, want), "Q4_K + Q5_K + Q6_K GGUF: logits bitwise equal to the folder of the NumPy-dequantised "
        "weights under --dtype int8 (max diff %.3g)" % float(np.abs(got - want).max()))
     ok("packed as q8_0" in p.stderr, "the K-quant conversion is said on stderr: %s" % p.stderr.strip()[:160])
+    # K-quants written from float weights (pack_kquant: bench/kquant_perplexity.py's files): each
+    # layout's reading of them is close to the weights (a misplaced nibble, bit or scale would not
+    # be), and qkv runs such a file as the folder of the values it holds under --dtype int8
+    w = (rng.standard_normal((8, 512)) * 0.05).astype(np.float32)
+    for typ, name, bound in ((Q4_K, "Q4_K", 0.1), (Q5_K, "Q5_K", 0.05), (Q6_K, "Q6_K", 0.025)):
+        raw, v = pack_kquant(typ, w)
+        rel = float(np.sqrt(((v - w) ** 2).mean()) / w.std())
+        ok(len(raw) == 16 * KQ_SIZE[typ] and rel < bound,
+           "pack_kquant %s: %d bytes, rms error %.4f of the weights' deviation (below %g)" % (name, len(raw), rel, bound))
+    cfg2, t2 = random_llama(rng)
+    kq2, held = {}, {k: v.copy() for k, v in t2.items()}
+    for i in range(cfg2["layers"]):
+        for gname, typ in kinds.items():
+            raw, held[key[gname]][i] = pack_kquant(typ, t2[key[gname]][i])
+            kq2["blk.%d.%s.weight" % (i, gname)] = (typ, raw)
+    for name, k in (("token_embd.weight", "emb"), ("output.weight", "cls")):
+        raw, held[k] = pack_kquant(Q6_K, t2[k])
+        kq2[name] = (Q6_K, raw)
+    path2, folder2 = os.path.join(work, "kquant-packed.gguf"), os.path.join(work, "kquant-packed-hf")
+    write(path2, gguf(llama_kv(cfg2), llama_tensors(cfg2, t2, F32, kquant=kq2)))
+    rq.hf_folder(cfg2, held, folder2)
+    got = logits(qkv, path2, ids_path, os.path.join(work, "g.npy"))
+    want = logits(qkv, folder2, ids_path, os.path.join(work, "w.npy"), "int8")
+    ok(np.array_equal(got, want), "packed K-quant GGUF: logits bitwise equal to its values' folder under --dtype int8")
     # --dtype on a GGUF file packs from the dequantised values
     got = logits(qkv, path, ids_path, os.path.join(work, "g.npy"), "bf16")
     want = logits(qkv, folder, ids_path, os.path.join(work, "w.npy"), "bf16")
