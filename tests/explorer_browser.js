@@ -36,9 +36,40 @@ async function main() {
     page.on("requestfailed", (r) => errors.push("request failed: " + r.url()));
     await page.goto(args.url, { waitUntil: "load" });
 
+    if (args.limited) {
+      // a server whose --max-attention is below the whole model's maps: the page shows fewer
+      // layers instead of an error, says so, and the picker asks for the others
+      await page.waitForFunction(() => window.qkvExplorer.maps.length > 0 || /error/.test(document.querySelector("#run-status").className), { timeout: 60000 });
+      const st = await page.evaluate(() => ({ maps: window.qkvExplorer.maps.length, status: document.querySelector("#run-status").textContent, cls: document.querySelector("#run-status").className,
+        note: document.querySelector("#pick-note").textContent, layers: [...document.querySelectorAll('#pick-layers input[data-pick="layers"]')].map((b) => b.checked),
+        heads: [...document.querySelectorAll('#pick-heads input[data-pick="heads"]')].map((b) => b.checked), cells: document.querySelectorAll(".grid .cell").length }));
+      const nl = st.layers.filter((x) => x).length, nh = st.heads.filter((x) => x).length;
+      report(st.maps > 0 && !/error/.test(st.cls), "--max-attention below the whole model: maps shown, no error", st);
+      report(nl < st.layers.length && st.cells === nl * nh && st.maps === nl * nh, "fewer layers picked (" + nl + " of " + st.layers.length + "), a cell per picked layer x head", st);
+      report(/--max-attention/.test(st.note) && /showing layers/.test(st.note), "the page says why and what it shows", st.note);
+      // pick the last layer alone: its maps come back
+      const last = st.layers.length - 1;
+      await page.$$eval('#pick-layers input[data-pick="layers"]', (bs, l) => bs.forEach((b) => { b.checked = +b.value === l; }), last);
+      await page.click("#run");
+      await page.waitForFunction((l) => window.qkvExplorer.maps.length > 0 && window.qkvExplorer.maps.every((m) => m.layer === l), { timeout: 60000 }, last);
+      const got = await page.evaluate(() => window.qkvExplorer.maps.map((m) => m.layer));
+      report(got.length === nh && got.every((l) => l === last), "picking layer " + last + " alone shows its " + nh + " heads", got);
+      await (await page.$("#model")).screenshot({ path: path.join(args.shots, args.name + "-picker.png") });
+      // the browser logs each refused request (400) it made while halving: 4 layers, then 2, then 1 fit
+      const refused = errors.filter((e) => /status of 400/.test(e)), other = errors.filter((e) => !/status of 400/.test(e));
+      report(refused.length === 2 && other.length === 0, "no JavaScript errors; the two refused sizes (4 and 2 layers) logged by the browser", errors);
+      return;
+    }
+
     // ---- the worked example ----
     report(await waitText(page, "#ex-weights", "0.4223 / 0.1554 / 0.4223"), "the worked example's weights are 0.4223 / 0.1554 / 0.4223", await text(page, "#ex-weights"));
     report(await waitText(page, "#ex-output", "5.912 / 4.088"), "the worked example's output is 5.912 / 4.088", await text(page, "#ex-output"));
+    const fits = await page.$eval('input[data-name="q0"]', (i) => {
+      const ctx = document.createElement("canvas").getContext("2d");
+      ctx.font = getComputedStyle(i).font;
+      return { value: i.value, text: ctx.measureText(i.value).width, box: i.clientWidth };
+    });
+    report(fits.value === "1.414214" && fits.text + 28 <= fits.box, "the query field shows √2 = 1.414214 whole (text and the spin buttons fit)", fits);
     // change q and compare with `qkv attend` on the same numbers; a burst of changes first, whose
     // answers may come back in any order: the page must show the last one's
     for (const v of [3, 1, 2.5, 0.7, 4]) {
@@ -57,6 +88,9 @@ async function main() {
     await waitText(page, "#ex-output", "5.912 / 4.088");
     await page.click('input[data-name="mask2"]');
     report(await waitText(page, "#ex-weights", "0.7311 / 0.2689 / 0.0000"), "masking the third key renormalises to 0.7311 / 0.2689 / 0.0000", await text(page, "#ex-weights"));
+    const rows = await page.$$eval("#ex-steps tr", (rs) => rs.map((r) => [r.className, [...r.children].map((c) => c.textContent)]));
+    report(rows[0][1][2] === "mask m_j" && rows[1][1][2] === "0" && rows[3][1][2] === "−∞" && rows[3][0] === "masked" && rows[3][1][3] === "−∞" && rows[3][1][5] === "0.0000",
+      "the steps table has a mask column: 0 for the open keys, −∞ (and weight 0) for the masked one", rows);
     const zeroed = await text(page, "#ex-zeroed");
     report(zeroed.includes("0.4223 / 0.1554 / 0.0000") && zeroed.includes("sum 0.5777"), "zeroing without renormalising shown: sum 0.5777", zeroed);
     await page.click('input[data-name="mask2"]');
@@ -80,6 +114,12 @@ async function main() {
       return { worst, rows, maps: window.qkvExplorer.maps.length };
     });
     report(sums.rows > 0 && sums.worst <= 1e-5, "every row of every map sums to 1 (" + sums.maps + " maps, " + sums.rows + " rows)", sums);
+    const stops = await page.$$eval("#grids svg.legend stop", (ss) => ss.map((x) => x.getAttribute("stop-color")));
+    const want_stops = args.viridis.map((c) => "rgb(" + c.join(",") + ")");
+    report(stops.length > 0 && JSON.stringify(stops.slice(0, want_stops.length)) === JSON.stringify(want_stops),
+      "the maps have a colour key, in the palette of qkv's SVG heatmaps (viridis, src/viz/svg.cpp)", stops);
+    const marks = await text(page, "#token-marks");
+    report(marks.includes("␣") && marks.includes("begins a new word"), "the ␣ mark is explained", marks);
     if (args.task === "translate") {
       const ans = await text(page, "#answer");
       report(ans.startsWith("translation: "), "the translation is shown", ans);
@@ -95,6 +135,10 @@ async function main() {
     report(hash.includes("layer=" + layer) && hash.includes("head=" + head) && hash.includes("kind=" + g0[1]), "the chosen layer and head are in the URL", hash);
     const zoom = await page.evaluate(() => { const m = window.qkvExplorer.chosen; return { rects: document.querySelectorAll("#zoom-svg rect.w").length, want: m.weights.length * m.weights[0].length, w: m.weights[m.weights.length - 1][0] }; });
     report(zoom.rects === zoom.want, "the enlarged map has a cell per (query, key)", zoom);
+    const fill = await page.evaluate(() => { const r = document.querySelector("#zoom-svg rect.w"); const m = window.qkvExplorer.chosen; return [r.getAttribute("fill"), m.weights[0][0]]; });
+    const vir = (w) => { const t = Math.max(0, Math.min(1, w)) * 10, k = Math.min(Math.floor(t), 9), u = t - k; return "rgb(" + args.viridis[k].map((a, i) => Math.round(a + (args.viridis[k + 1][i] - a) * u)).join(",") + ")"; };
+    report(fill[0] === vir(fill[1]), "a cell's colour is the CLI's viridis of its weight", { fill: fill[0], weight: fill[1], want: vir(fill[1]) });
+    report(await page.$$eval("#zoom svg.legend", (l) => l.length) === 1, "the enlarged map has its colour key");
     const cells = await page.$$("#zoom-svg rect.w");
     const R = await page.evaluate(() => window.qkvExplorer.chosen.weights.length);
     await cells[zoom.want - zoom.want / R].hover();  // the last row's first cell
@@ -133,7 +177,13 @@ async function main() {
     // ---- the claims ----
     await page.waitForFunction(() => document.querySelectorAll("#claim-list .claim").length > 0, { timeout: 30000 });
     const claims = await page.$$eval("#claim-list .claim", (cs) => cs.map((c) => [c.getAttribute("data-id"), c.querySelector(".badge").textContent]));
-    report(claims.length === 9 && claims.every((c) => c[1] === "holds on these numbers"), "9 claims, each holding on the live numbers", claims);
+    report(claims.length === 10 && claims.every((c) => c[1] === "holds on these numbers"), "10 claims, each holding on the live numbers", claims);
+    const ticks = await page.$$eval('#claim-list .claim[data-id="cost"] svg text.tick', (t) => t.map((x) => x.textContent));
+    report(ticks.length >= 3 && ticks.every((t) => / MiB$/.test(t)), "the n^2 chart has a labelled axis in MiB", ticks);
+    const costText = await text(page, '#claim-list .claim[data-id="cost"]');
+    report(/flash against float64 on 16 of the 8,192 query rows/.test(costText), "the n^2 claim checks flash's output against float64 at each n", costText.slice(0, 300));
+    const curves = await page.$$eval('#claim-list .claim[data-id="norms"] svg polyline.curve', (c) => c.map((x) => [x.getAttribute("data-name"), x.getAttribute("points").split(" ").length]));
+    report(curves.length === 2 && curves.every((c) => c[1] === 200), "pre-norm and post-norm: two loss curves of 200 steps", curves);
     const cost = await text(page, '#claim-list .claim[data-id="cost"]');
     report(cost.includes("16,777,216") && cost.includes("32 MiB"), "the n^2 claim: 4,096 positions, 16,777,216 scores, 32 MiB", cost.slice(0, 200));
     await (await page.$("#claims")).screenshot({ path: path.join(args.shots, args.name + "-claims.png") });

@@ -19,6 +19,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -55,6 +56,17 @@ def attend_output(qkv, work, q):
     return [float(x) for x in np.load(os.path.join(d, "out.npy"))[0]]
 
 
+def cli_viridis():
+    """The control points of qkv's SVG heatmap palette, read from src/viz/svg.cpp (the page must use the same)."""
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "viz", "svg.cpp")).read()
+    body = src[src.index("kViridis[] = {"):]
+    body = body[:body.index("};")]
+    pts = [[int(x, 16) for x in m] for m in re.findall(r"\{0x([0-9a-f]{2}), 0x([0-9a-f]{2}), 0x([0-9a-f]{2})\}", body)]
+    if len(pts) != 11:
+        sys.exit("explorer_test: expected 11 viridis points in src/viz/svg.cpp, found %d" % len(pts))
+    return pts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", required=True)
@@ -85,12 +97,16 @@ def main():
                                          "--out", d])
     changed_q = [2.0, 0.5]
     changed = {"q": changed_q, "output": attend_output(qkv, work, changed_q)}
+    viridis = cli_viridis()
     ck = serve_test.Checks()
-    for name, model, task in (("lm", lm, "lm"), ("translator", tr, "translate")):
-        s = serve_test.Server(qkv, model)
+    # the third: a server answering fewer attention weights than the whole model's maps (the page
+    # picks fewer layers; the tiny LM's 4 layers x 4 heads on its ~33-token text are ~17,000)
+    for name, model, task, extra in (("lm", lm, "lm", []), ("translator", tr, "translate", []),
+                                     ("lm-limited", lm, "lm", ["--max-attention", "5000"])):
+        s = serve_test.Server(qkv, model, *extra)
         try:
             arg = dict(modules=modules, chromium=a.chromium, url=f"http://{s.host}:{s.port}/", task=task, shots=shots,
-                       name=name, changed=changed)
+                       name=name, changed=changed, viridis=viridis, limited=bool(extra))
             p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "explorer_browser.js"),
                                 json.dumps(arg)], capture_output=True, text=True, timeout=300)
             lines = p.stdout.splitlines()
