@@ -1,4 +1,4 @@
-// The GEMM wrapper (oneDNN for matrices, OpenBLAS for single rows): results, and the check for OpenBLAS's generic-kernel fallback.
+// The GEMM wrapper (oneDNN for matrices, qkv's row products or OpenBLAS for single rows): results, and the check for OpenBLAS's generic-kernel fallback.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -302,6 +302,53 @@ TEST(Gemm, BatchInvariantRowsDoNotDependOnTheBatch) {
           worst = std::max(worst, std::abs(full[i * N + j] - (0.5 * ref + add)));
           plain = std::max(plain, std::abs((0.5f * seq + static_cast<float>(add)) - (0.5 * ref + add)));
         }
+      EXPECT_LE(worst, 2 * plain + 1e-6) << "K=" << K << " N=" << N;
+    }
+  }
+}
+
+// One row against the rows of B without BatchInvariantGemm (a decoding step's linear layers):
+// qkv's own row products, bitwise those of the batch-invariant path (a row alone and inside a
+// batch), at every thread count, with alpha and beta; and at most twice the error of a plain
+// sequential float dot product against double.
+TEST(Gemm, SingleRowMatchesTheBatchInvariantRowsAtEveryThreadCount) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{{576, 1536}, {37, 5}, {1000, 129}, {16, 3000}}) {
+    std::vector<float> A(static_cast<size_t>(4 * K)), B(static_cast<size_t>(N * K)), bias(static_cast<size_t>(N));
+    for (auto& x : A) x = nd(rng);
+    for (auto& x : B) x = nd(rng) * 0.05f;
+    for (auto& x : bias) x = nd(rng);
+    for (const float beta : {0.0f, 1.0f}) {
+      const auto product = [&](int64_t m, int threads, bool invariant) {
+        std::vector<float> C(static_cast<size_t>(m * N));
+        for (int64_t i = 0; i < m; ++i) std::copy(bias.begin(), bias.end(), C.begin() + i * N);
+        const int before = num_threads();
+        set_num_threads(threads);
+        if (invariant) {
+          BatchInvariantGemm scope;
+          sgemm(false, true, m, N, K, 0.5f, A.data(), K, B.data(), K, beta, C.data(), N);
+        } else {
+          sgemm(false, true, m, N, K, 0.5f, A.data(), K, B.data(), K, beta, C.data(), N);
+        }
+        set_num_threads(before);
+        return std::vector<float>(C.begin(), C.begin() + N);  // the first row
+      };
+      const std::vector<float> batched = product(4, 2, true), alone = product(1, 2, true);
+      for (int threads : {1, 2, 3}) {
+        const std::vector<float> row = product(1, threads, false);
+        EXPECT_TRUE(row == batched && row == alone) << "K=" << K << " N=" << N << " threads=" << threads;
+      }
+      double worst = 0, plain = 0;
+      const std::vector<float> row = product(1, 2, false);
+      for (int64_t j = 0; j < N; ++j) {
+        double ref = 0;
+        float seq = 0;
+        for (int64_t k = 0; k < K; ++k) ref += static_cast<double>(A[k]) * B[j * K + k], seq += A[k] * B[j * K + k];
+        const double add = beta == 0 ? 0.0 : bias[j];
+        worst = std::max(worst, std::abs(row[j] - (0.5 * ref + add)));
+        plain = std::max(plain, std::abs((0.5f * seq + static_cast<float>(add)) - (0.5 * ref + add)));
+      }
       EXPECT_LE(worst, 2 * plain + 1e-6) << "K=" << K << " N=" << N;
     }
   }

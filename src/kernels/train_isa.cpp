@@ -200,16 +200,14 @@ void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ld
     }
     for (; j < j1; ++j) put(c0, j, dot1(a0, B + j * ldb, K)), put(c1, j, dot1(a1, B + j * ldb, K));
   }
+  // A row alone (decoding's one token, or the last of an odd count): one column after another,
+  // so that B streams from memory front to back (four columns at once read four streams at a
+  // stride of ldb, which the prefetchers follow less well: on Zen 4, 1536 x 576 at 2 threads ran
+  // at 30 GB/s this way against 24.5 GB/s four at a time and 22 GB/s in OpenBLAS's sgemv).
   for (; i < M; ++i) {
     const float* a = A + i * lda;
     float* c = C + i * ldc;
-    int64_t j = j0;
-    for (; j + 4 <= j1; j += 4) {
-      float r[4];
-      dot4(a, B + j * ldb, B + (j + 1) * ldb, B + (j + 2) * ldb, B + (j + 3) * ldb, K, r);
-      for (int t = 0; t < 4; ++t) c[j + t] = alpha * r[t] + (beta == 0.0f ? 0.0f : beta * c[j + t]);
-    }
-    for (; j < j1; ++j) c[j] = alpha * dot1(a, B + j * ldb, K) + (beta == 0.0f ? 0.0f : beta * c[j]);
+    for (int64_t j = j0; j < j1; ++j) put(c, j, dot1(a, B + j * ldb, K));
   }
 }
 
