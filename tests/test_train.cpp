@@ -37,6 +37,7 @@
 #include "qkv/rng.h"
 #include "qkv/safetensors.h"
 #include "qkv/train.h"
+#include "train/grad_reducer.h"
 
 namespace qkv {
 namespace {
@@ -983,6 +984,89 @@ void learn(Task task, const char* name, int steps) {
 TEST(Learn, EncoderDecoderCopies) { learn(Task::Copy, "copy", 400); }
 TEST(Learn, EncoderDecoderReverses) { learn(Task::Reverse, "reverse", 600); }
 TEST(Learn, EncoderDecoderSorts) { learn(Task::Sort, "sort", 800); }
+
+// One rank's communicator: every sum is the data itself, and each sum started is recorded (what
+// the bucket held when it left).
+class OneRank : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void sum_floats(float* data, int64_t n) override { sums.emplace_back(data, data + n); }
+  void sum_doubles(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  void barrier() override {}
+  void send(const void*, int64_t, int) override { FAIL() << "no other rank"; }
+  void recv(void*, int64_t, int) override { FAIL() << "no other rank"; }
+  std::vector<std::vector<float>> sums;
+};
+
+// The gradient buckets: learned on one step, a bucket leaves after the closure that finished its
+// gradients on the next; a gradient written after its bucket left is counted as late, and land()
+// then sums every gradient again (here: the gradients as backward left them), where landing the
+// buckets would have written the stale value.
+TEST(GradientReducer, LateGradientIsCaughtAndSummedAgain) {
+  std::vector<Parameter> params;
+  for (const char* name : {"p0", "p1", "p2"}) params.push_back({name, make_var(Tensor::zeros({4}), true), true});
+  const auto write = [&](size_t i, float v, int64_t closure) {
+    Node& n = *params[i].var;
+    bool add = false;
+    float* g = n.grad_dest(&add);
+    for (int k = 0; k < 4; ++k) g[k] = add ? g[k] + v : v;
+    n.last_writer = closure;
+  };
+  OneRank comm;
+  GradientReducer r(params, 16);  // one parameter (16 bytes) a bucket, the last parameter first
+  ASSERT_EQ(r.buckets(), 3);
+  // step 1 (nothing learned yet: every bucket leaves after backward): closures 5..0 write
+  // p2 at 5, p1 at 3, p0 at 1
+  for (Parameter& p : params) p.var->zero_grad();
+  r.begin(params, true);
+  for (int64_t c = 5; c >= 0; --c) {
+    if (c == 5) write(2, 1.0f, c);
+    if (c == 3) write(1, 1.0f, c);
+    if (c == 1) write(0, 1.0f, c);
+    r.after_op(params, comm, static_cast<size_t>(c));
+  }
+  EXPECT_EQ(r.finish(params, comm, true), 0);
+  EXPECT_EQ(r.buckets_early(), 0);
+  EXPECT_EQ(r.land(params, comm, false), 0.0);
+  // step 2, as learned: p2's bucket leaves after closure 5, p1's after 3, p0's after 1 (all while
+  // backward still runs: closure 0 comes last)
+  comm.sums.clear();
+  for (Parameter& p : params) p.var->zero_grad();
+  r.begin(params, true);
+  for (int64_t c = 5; c >= 0; --c) {
+    if (c == 5) write(2, 2.0f, c);
+    if (c == 3) write(1, 2.0f, c);
+    if (c == 1) write(0, 2.0f, c);
+    r.after_op(params, comm, static_cast<size_t>(c));
+  }
+  EXPECT_EQ(r.finish(params, comm, true), 0);
+  EXPECT_EQ(r.buckets_early(), 3);
+  r.land(params, comm, false);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(params[static_cast<size_t>(i)].var->grad.data<float>()[0], 2.0f) << i;
+  // step 3: p2 gets a second contribution at closure 2, after its bucket left at closure 5
+  comm.sums.clear();
+  for (Parameter& p : params) p.var->zero_grad();
+  r.begin(params, true);
+  for (int64_t c = 5; c >= 0; --c) {
+    if (c == 5) write(2, 2.0f, c);
+    if (c == 3) write(1, 2.0f, c);
+    if (c == 2) write(2, 5.0f, c);
+    if (c == 1) write(0, 2.0f, c);
+    r.after_op(params, comm, static_cast<size_t>(c));
+  }
+  EXPECT_EQ(r.finish(params, comm, true), 1);
+  ASSERT_GE(comm.sums.size(), 1u);
+  EXPECT_EQ(comm.sums[0][0], 2.0f) << "p2's bucket left with the value before closure 2";
+  const size_t before = comm.sums.size();
+  r.land(params, comm, true);
+  EXPECT_EQ(comm.sums.size(), before + 1) << "every gradient summed again at once";
+  EXPECT_EQ(comm.sums.back().size(), 12u);
+  EXPECT_EQ(params[2].var->grad.data<float>()[0], 7.0f) << "the whole gradient, not the bucket's stale copy";
+  EXPECT_EQ(params[1].var->grad.data<float>()[0], 2.0f);
+  EXPECT_EQ(params[0].var->grad.data<float>()[0], 2.0f);
+}
 
 }  // namespace
 }  // namespace qkv

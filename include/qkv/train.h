@@ -20,6 +20,8 @@
 
 namespace qkv {
 
+class GradientReducer;
+
 // The arithmetic of a training step's matrix products (every linear layer, forward and backward).
 // BF16: their inputs rounded to bfloat16, products summed in float32 (qkv::Bf16Matmul, on the CPU's
 // bf16 dot products where it has them); the master weights, gradients, AdamW's moments, attention,
@@ -104,8 +106,7 @@ class Trainer {
   int64_t step_ = 0, updates_ = 0;
   Rng rng_;
   Communicator* comm_ = nullptr;
-  struct Reducer;
-  std::shared_ptr<Reducer> reducer_;
+  std::shared_ptr<GradientReducer> reducer_;  // data parallelism's gradient buckets (src/train/grad_reducer.h)
   int64_t reducer_bytes_ = 0;
 };
 

@@ -1,11 +1,12 @@
-// Matrix products: oneDNN's dnnl_sgemm for matrices, OpenBLAS's sgemv for a single row, plus a
-// check that OpenBLAS did not fall back to a generic kernel on a CPU it failed to recognise.
+// Matrix products: oneDNN's dnnl_sgemm for matrices, qkv's row products (or OpenBLAS's sgemv) for
+// a single row, plus a check that OpenBLAS did not fall back to a generic kernel on a CPU it
+// failed to recognise.
 //
 // Why two libraries: over the shapes of a GPT-2-small training step, dnnl_sgemm took 2-4% less
 // time than OpenBLAS's sgemm in isolation and 3-4% less per training step end to end (steps
 // alternating between the two in one process; BENCHMARKS.md), partly because it folds beta = 0
-// into its kernel where OpenBLAS first zeroes C in a separate pass. For one row (decoding),
-// OpenBLAS's sgemv streams the matrix once, which is what that case is bound by.
+// into its kernel where OpenBLAS first zeroes C in a separate pass. One row (decoding) is bound by
+// reading the matrix once: see sgemm's M == 1 case.
 #include "qkv/gemm.h"
 
 #include <algorithm>

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/adamw.h"
+#include "train/grad_reducer.h"
 #include "qkv/error.h"
 #include "qkv/gemm.h"
 #include "qkv/parallel.h"
@@ -55,112 +56,6 @@ Precision parse_precision(const std::string& s, const std::string& what) {
   fail(what, ": '", s, "' is not a training precision; expected f32 or bf16");
 }
 
-// Data parallelism's gradient buckets, summed over the ranks while the backward pass runs (as
-// PyTorch DDP does). The parameters, in reverse order (the order backward finishes them), are cut
-// into buckets of about bucket_bytes. Which backward closure finishes each gradient (the lowest
-// tape index that writes it, Node::last_writer) is learned on one step and used on the next:
-// after each closure, the next bucket in order whose gradients are all final is copied into its
-// buffer and its sum started. Every rank starts the buckets in the same order, so the collectives
-// match whatever the timing. After backward the remaining buckets start and every sum is awaited;
-// a gradient written after its bucket left (a step whose closures differ from the learned ones)
-// is caught, and then, on every rank, the whole gradient is summed again at once. The sums are
-// those of one call (each element added in rank order), so bucketing changes no bit.
-struct Trainer::Reducer {
-  std::vector<std::vector<size_t>> buckets;  // parameter indices
-  std::vector<std::vector<float>> buffers;
-  std::vector<int64_t> final_at;             // per parameter: learned tape index (INT64_MAX: before backward)
-  std::vector<int64_t> bucket_final_at;      // per bucket: the lowest of its parameters'
-  std::vector<int64_t> sent_at;              // per bucket, this step: the closure after which it left (-1: after backward)
-  bool learned = false, scheduled = false;
-  size_t next = 0;
-
-  Reducer(const std::vector<Parameter>& params, int64_t bucket_bytes) {
-    const int64_t cap = std::max<int64_t>(1, bucket_bytes / static_cast<int64_t>(sizeof(float)));
-    int64_t in = 0;
-    for (size_t i = params.size(); i-- > 0;) {
-      const int64_t n = params[i].var->value.numel();
-      if (buckets.empty() || (in > 0 && in + n > cap)) buckets.emplace_back(), in = 0;
-      buckets.back().push_back(i);
-      in += n;
-    }
-    buffers.resize(buckets.size());
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      int64_t n = 0;
-      for (size_t i : buckets[b]) n += params[i].var->value.numel();
-      buffers[b].resize(static_cast<size_t>(n));
-    }
-    final_at.assign(params.size(), INT64_MAX);
-    bucket_final_at.assign(buckets.size(), INT64_MAX);
-  }
-
-  void begin(std::vector<Parameter>& params, bool backward_runs) {
-    next = 0;
-    sent_at.assign(buckets.size(), -1);
-    scheduled = learned && backward_runs;
-    for (Parameter& p : params) p.var->last_writer = -1;
-  }
-  // After closure `index` of the last micro-batch's backward.
-  void after_op(std::vector<Parameter>& params, Communicator& comm, size_t index) {
-    if (!scheduled) return;
-    const auto at = static_cast<int64_t>(index);
-    while (next < buckets.size() && bucket_final_at[next] >= at) {
-      sent_at[next] = at;
-      send(params, comm, next++);
-    }
-    comm.progress();
-  }
-  void send(std::vector<Parameter>& params, Communicator& comm, size_t b) {
-    float* dst = buffers[b].data();
-    for (size_t i : buckets[b]) {
-      Node& v = *params[i].var;
-      const int64_t n = v.value.numel();
-      if (!v.has_grad) {
-        bool add = false;
-        float* g = v.grad_dest(&add);
-        std::fill(g, g + n, 0.0f);  // no gradient reached it: zero
-      }
-      std::memcpy(dst, v.grad.data<float>(), sizeof(float) * static_cast<size_t>(n));
-      dst += n;
-    }
-    comm.start_sum(buffers[b].data(), static_cast<int64_t>(buffers[b].size()));
-  }
-  // Starts what is left, waits for every sum; returns the number of gradients written after their
-  // bucket left (0: the sums are good). Learns this step's closures for the next.
-  int64_t finish(std::vector<Parameter>& params, Communicator& comm, bool backward_ran) {
-    while (next < buckets.size()) send(params, comm, next++);
-    comm.wait_all();
-    int64_t late = 0;
-    for (size_t b = 0; b < buckets.size(); ++b)
-      for (size_t i : buckets[b]) {
-        const int64_t w = params[i].var->last_writer;
-        if (sent_at[b] >= 0 && w >= 0 && w < sent_at[b]) ++late;
-      }
-    if (backward_ran) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const int64_t w = params[i].var->last_writer;
-        final_at[i] = w >= 0 ? w : INT64_MAX;
-      }
-      for (size_t b = 0; b < buckets.size(); ++b) {
-        bucket_final_at[b] = INT64_MAX;
-        for (size_t i : buckets[b]) bucket_final_at[b] = std::min(bucket_final_at[b], final_at[i]);
-      }
-      learned = true;
-    }
-    return late;
-  }
-  // The sums into the gradients.
-  void land(std::vector<Parameter>& params) {
-    for (size_t b = 0; b < buckets.size(); ++b) {
-      const float* src = buffers[b].data();
-      for (size_t i : buckets[b]) {
-        const int64_t n = params[i].var->value.numel();
-        std::memcpy(params[i].var->grad.data<float>(), src, sizeof(float) * static_cast<size_t>(n));
-        src += n;
-      }
-    }
-  }
-};
-
 Trainer::Trainer(Model& model, TrainConfig config) : model_(model), config_(std::move(config)), rng_(config_.seed) {
   validate(config_);
   model_.check_not_packed("train");
@@ -184,7 +79,7 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   // a rank's micro-batch k is part rank + k of the global batch: its dropout stream is that part's
   const uint64_t first = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
   if (comm_ && (!reducer_ || reducer_bytes_ != config_.bucket_bytes)) {
-    reducer_ = std::make_shared<Reducer>(params, config_.bucket_bytes);
+    reducer_ = std::make_shared<GradientReducer>(params, config_.bucket_bytes);
     reducer_bytes_ = config_.bucket_bytes;
   }
   if (comm_) reducer_->begin(params, !micro.empty());
@@ -234,9 +129,9 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     // the buckets not sent during backward, and every sum awaited: the wait is what overlapping
     // did not hide
     const auto t0 = std::chrono::steady_clock::now();
-    r.buckets = static_cast<int64_t>(reducer_->buckets.size());
-    for (int64_t at : reducer_->sent_at) r.buckets_early += at > 0 ? 1 : 0;  // (after closure 0: backward is over)
     late = reducer_->finish(params, *comm_, backward_ran);
+    r.buckets = reducer_->buckets();
+    r.buckets_early = reducer_->buckets_early();
     r.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   if (token_mean) {
@@ -267,24 +162,7 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     gp.push_back(p.var->grad.data<float>());
     sizes.push_back(p.var->value.numel());
   }
-  if (comm_ && late == 0) {
-    reducer_->land(params);
-  } else if (comm_) {
-    // some rank sent a gradient before backward had finished it: every rank sums them all again
-    int64_t total = 0;
-    for (int64_t n : sizes) total += n;
-    std::vector<float> flat(static_cast<size_t>(total));
-    int64_t at = 0;
-    for (size_t i = 0; i < gp.size(); ++i) std::memcpy(flat.data() + at, gp[i], sizeof(float) * sizes[i]), at += sizes[i];
-    const auto t0 = std::chrono::steady_clock::now();
-    comm_->sum_floats(flat.data(), total);
-    r.comm_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    at = 0;
-    for (Parameter& p : params) {
-      std::memcpy(p.var->grad.data<float>(), flat.data() + at, sizeof(float) * p.var->value.numel());
-      at += p.var->value.numel();
-    }
-  }
+  if (comm_) r.comm_seconds += reducer_->land(params, *comm_, late > 0);
   const int threads = num_threads();
   r.grad_norm = std::sqrt(kernels::global_grad_norm_sq(gp.data(), sizes.data(), static_cast<int64_t>(gp.size()), threads)) /
                 grad_divisor;
