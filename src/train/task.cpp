@@ -360,40 +360,37 @@ std::vector<int64_t> snapshot_steps(const std::string& out_dir) {
 
 }  // namespace
 
-LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
-                        const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
-                        bool resume, const std::function<void(const LoopProgress&)>& on_progress) {
-  Communicator* comm = trainer.communicator();
-  const bool lead = !comm || comm->rank() == 0;  // validates, writes and reports
-  // With ranks, rank 0 alone holds the data (it read and tokenised it): the others get every
-  // example's length (for the batch plan) now, and the examples of their parts epoch by epoch.
-  check(!lead || !train.empty(), "train: the training set is empty");
-  check(config.max_steps > 0 || config.max_epochs > 0 || config.max_minutes > 0 || config.stop,
-        "train: give a limit: steps, epochs or minutes");
-  check(config.max_tokens >= 1, "train: max_tokens must be >= 1");
-  Model& model = trainer.model();
-  const ModelConfig& cfg = model.config();
-  const std::string ckpt = out_dir + "/checkpoint.safetensors", metrics_path = out_dir + "/metrics.jsonl";
-  const double nan = std::numeric_limits<double>::quiet_NaN();
+namespace {
 
-  // Where the data stands: epoch e's batch order is a function of (seed, e) only, so a position
-  // (epoch, batch) is all a checkpoint needs to continue with the same batches.
-  int64_t epoch = 0, batch_pos = 0;
-  double best = std::numeric_limits<double>::infinity(), last_valid = nan;
-  std::vector<Metric> metrics;
-  if (resume) {
-    std::string state;
+// Where a run stands, what its checkpoint keeps besides the trainer's state: the data position
+// (epoch e's batch order is a function of (seed, e) only, so (epoch, batch) is all it takes to
+// continue with the same batches) and the validation losses so far.
+struct LoopState {
+  int64_t epoch = 0, batch = 0;
+  double best = std::numeric_limits<double>::infinity();
+  double last_valid = std::numeric_limits<double>::quiet_NaN();
+
+  void save(const Trainer& trainer, const std::string& ckpt) const {
+    const json state = {{"epoch", epoch}, {"batch", batch}, {"best", std::isfinite(best) ? json(best) : json()},
+                        {"last_valid", std::isnan(last_valid) ? json() : json(last_valid)}};
+    trainer.save_checkpoint(ckpt, state.dump());
+  }
+
+  // The trainer and this state from ckpt; with ranks, rank 0 reads the file and hands its
+  // contents to the others (which need no file), and every rank checks they hold the same weights.
+  static LoopState load(Trainer& trainer, const std::string& ckpt, const std::string& out_dir) {
+    Communicator* comm = trainer.communicator();
+    std::string text;
     if (!comm) {
-      state = trainer.load_checkpoint(ckpt);
+      text = trainer.load_checkpoint(ckpt);
     } else {
-      // rank 0 reads the checkpoint and hands its contents to the others (which need no file)
       SafetensorsFile f;
       on_lead(*comm, [&] {
         f = read_safetensors(ckpt);
-        state = trainer.load_checkpoint(f, ckpt);
+        text = trainer.load_checkpoint(f, ckpt);
       });
       broadcast_safetensors(*comm, f, 0);
-      if (!lead) state = trainer.load_checkpoint(f, ckpt + " (from rank 0)");
+      if (comm->rank() != 0) text = trainer.load_checkpoint(f, ckpt + " (from rank 0)");
       uint64_t h = fnv1a(nullptr, 0);
       for (const Parameter& p : trainer.model().parameters())
         h = fnv1a(p.var->value.data<float>(), static_cast<size_t>(p.var->value.numel()) * sizeof(float), h);
@@ -402,17 +399,18 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     }
     json j;
     try {
-      j = json::parse(state);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw Error(ckpt + ": the data position is not valid JSON: " + e.what());
     }
     check(j.is_object() && j.contains("epoch") && j.contains("batch") && j["epoch"].is_number_integer() &&
               j["batch"].is_number_integer(),
           ckpt, ": the checkpoint has no data position (epoch, batch); was it written by qkv train?");
-    epoch = j["epoch"].get<int64_t>();
-    batch_pos = j["batch"].get<int64_t>();
-    check(epoch >= 0 && epoch <= (int64_t{1} << 40) && batch_pos >= 0, ckpt, ": the data position (epoch ", epoch,
-          ", batch ", batch_pos, ") is out of range; expected non-negative integers");
+    LoopState st;
+    st.epoch = j["epoch"].get<int64_t>();
+    st.batch = j["batch"].get<int64_t>();
+    check(st.epoch >= 0 && st.epoch <= (int64_t{1} << 40) && st.batch >= 0, ckpt, ": the data position (epoch ",
+          st.epoch, ", batch ", st.batch, ") is out of range; expected non-negative integers");
     // A validation loss is a finite non-negative number, or null when there was none.
     auto loss_field = [&](const char* key, double& dst) {
       if (!j.contains(key) || j[key].is_null()) return;
@@ -420,336 +418,205 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
             ": the data position's \"", key, "\" must be a finite loss >= 0 or null, got ", j[key].dump());
       dst = j[key].get<double>();
     };
-    loss_field("best", best);
-    loss_field("last_valid", last_valid);
-    // metrics up to the checkpoint's step (later lines belong to steps that will be redone)
-    if (lead)
-      for (const Metric& m : read_metrics(metrics_path))
-        if (m.step <= trainer.steps_done()) metrics.push_back(m);
+    loss_field("best", st.best);
+    loss_field("last_valid", st.last_valid);
+    return st;
   }
-  std::string metrics_text;
-  for (const Metric& m : metrics) metrics_text += m.line + "\n";
-  // Snapshots beyond the checkpoint's step belong to steps that will be redone.
-  if (lead && config.average > 1)
-    for (int64_t s : snapshot_steps(out_dir))
-      if (s > trainer.steps_done()) std::filesystem::remove(snapshot_path(out_dir, s));
-  // The weights now as a snapshot; only the last config.average are kept.
-  auto save_snapshot = [&] {
-    if (config.average <= 1) return;
-    std::filesystem::create_directories(snapshot_dir(out_dir));
-    write_safetensors(snapshot_path(out_dir, trainer.steps_done()), model.state_dict());
-    std::vector<int64_t> steps = snapshot_steps(out_dir);
-    for (size_t i = 0; i + static_cast<size_t>(config.average) < steps.size(); ++i)
-      std::filesystem::remove(snapshot_path(out_dir, steps[i]));
-  };
+};
 
-  std::vector<int64_t> lengths = lead ? lengths_of(task, train) : std::vector<int64_t>{};
-  int64_t n_valid = static_cast<int64_t>(valid.size()), core = config.core, pool_per_epoch = config.pool_per_epoch;
-  if (comm) {
-    int64_t n[4] = {static_cast<int64_t>(lengths.size()), n_valid, core, pool_per_epoch};
+// The training data as this rank sees it: the epochs' batch plans, each step's micro-batches
+// and validation. One process holds every example. With ranks, rank 0 alone holds the data (it
+// read and tokenised it): the others get every example's length (for the plans) and their share
+// of the validation split when the source is made, and the examples of their parts of each
+// epoch's remaining batches when the epoch begins. Each global batch (the plan's, as in one
+// process) is split into `parts` strided parts; rank r trains on part r.
+class DataSource {
+ public:
+  DataSource(Task task, const ModelConfig& cfg, const std::vector<Example>& train, const std::vector<Example>& valid,
+             const LoopConfig& config, Communicator* comm)
+      : task_(task), cfg_(cfg), train_(train), valid_(valid), config_(config), comm_(comm),
+        lead_(!comm || comm->rank() == 0) {
+    lengths_ = lead_ ? lengths_of(task, train) : std::vector<int64_t>{};
+    n_valid_ = static_cast<int64_t>(valid.size());
+    core_ = config.core;
+    pool_per_epoch_ = config.pool_per_epoch;
+    parts_ = comm ? comm->size() : std::max<int64_t>(1, config.parts);
+    if (!comm) return;
+    int64_t n[4] = {static_cast<int64_t>(lengths_.size()), n_valid_, core_, pool_per_epoch_};
     comm->broadcast(n, sizeof n, 0);
-    lengths.resize(static_cast<size_t>(n[0]));
-    n_valid = n[1];
-    core = n[2];
-    pool_per_epoch = n[3];
-    comm->broadcast(lengths.data(), n[0] * static_cast<int64_t>(sizeof(int64_t)), 0);
-  }
-  auto plan_for = [&](int64_t e) {
-    return plan_epoch(lengths, config.max_tokens, config.seed, e, core, pool_per_epoch);
-  };
-  // Every epoch has its own plan, and plans under a token budget differ in length from epoch to
-  // epoch: the batch count is always the current plan's.
-  BatchPlan plan = plan_for(epoch);
-  auto per_epoch = [&] { return static_cast<int64_t>(plan.batches.size()); };
-  if (resume)
-    check(batch_pos <= per_epoch(), ckpt, ": the data position (epoch ", epoch, ", batch ", batch_pos,
-          ") lies beyond that epoch's ", per_epoch(), " batches: the checkpoint does not belong to this data and --max-tokens");
-
-  LoopResult res;
-  const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-  const int64_t start_step = trainer.steps_done();
-  int64_t tokens = 0, last_eval_step = -1;
-  const int64_t pad = cfg.pad_id;
-
-  auto save_checkpoint = [&] {
-    const json state = {{"epoch", epoch}, {"batch", batch_pos}, {"best", std::isfinite(best) ? json(best) : json()},
-                        {"last_valid", std::isnan(last_valid) ? json() : json(last_valid)}};
-    trainer.save_checkpoint(ckpt, state.dump());
-  };
-  auto fraction = [&]() -> double {
-    double f = -1;
-    const int64_t done = trainer.steps_done();
-    if (config.max_steps > 0) f = std::max(f, static_cast<double>(done) / static_cast<double>(config.max_steps));
-    if (config.max_epochs > 0)
-      f = std::max(f, (static_cast<double>(epoch) + static_cast<double>(batch_pos) / static_cast<double>(per_epoch())) /
-                          static_cast<double>(config.max_epochs));
-    if (config.max_minutes > 0) f = std::max(f, elapsed() / (60.0 * config.max_minutes));
-    return std::min(f, 1.0);
-  };
-  auto limit_reached = [&] {
-    if (config.max_steps > 0 && trainer.steps_done() >= config.max_steps) return true;
-    if (config.max_epochs > 0 && epoch >= config.max_epochs) return true;
-    if (config.max_minutes > 0 && elapsed() >= 60.0 * config.max_minutes) return true;
-    return false;
-  };
-
-  const double start_fraction = std::max(0.0, fraction());
-
-  // Data parallelism: each global batch (the plan's, as in one process) is split into `parts`
-  // strided parts; rank r trains on part r. Every rank runs this same loop, so every decision
-  // that is not a function of the data (a time limit, a signal) is agreed once per step.
-  const int64_t parts = comm ? comm->size() : std::max<int64_t>(1, config.parts);
-  check(!comm || config.parts <= 1 || config.parts == comm->size(), "train: ", config.parts, " parts on ",
-        comm ? comm->size() : 1, " ranks: with a communicator the parts are the ranks");
-  check(parts == 1 || comm || trainer.config().token_mean,
-        "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
-  bool limit = false, stop_now = false;
-  // a validation by the clock (LoopConfig::eval_every_seconds) is due: agreed like the limits
-  bool clock_eval = false;
-  double next_clock_eval = config.eval_every_seconds;
-  auto decide = [&] {
-    limit = limit_reached();
-    stop_now = config.stop && config.stop->load();
-    clock_eval = config.eval_every <= 0 && config.eval_every_seconds > 0 && elapsed() >= next_clock_eval;
-    if (comm) {
-      double f[3] = {limit ? 1.0 : 0.0, stop_now ? 1.0 : 0.0, clock_eval ? 1.0 : 0.0};
-      comm->sum_doubles(f, 3);
-      limit = f[0] > 0;
-      stop_now = f[1] > 0;
-      clock_eval = f[2] > 0;
-    }
-  };
-  decide();
-  // Validation: with N ranks each scores every N-th example (rank 0 sends the others theirs, once)
-  // and the sums are added (in rank order).
-  std::vector<Example> valid_share;
-  if (comm && n_valid > 0) {
+    lengths_.resize(static_cast<size_t>(n[0]));
+    n_valid_ = n[1];
+    core_ = n[2];
+    pool_per_epoch_ = n[3];
+    comm->broadcast(lengths_.data(), n[0] * static_cast<int64_t>(sizeof(int64_t)), 0);
+    // validation: each rank scores every N-th example (sent once) and the sums are added
+    if (n_valid_ == 0) return;
     const int64_t N = comm->size();
     auto share_of = [&](int64_t r) {
       std::vector<int64_t> idx;
-      for (int64_t i = r; i < n_valid; i += N) idx.push_back(i);
+      for (int64_t i = r; i < n_valid_; i += N) idx.push_back(i);
       return idx;
     };
-    if (lead) {
+    if (lead_) {
       for (int r = 1; r < N; ++r) comm->send_string(pack_examples(valid, share_of(r)), r);
-      for (int64_t i : share_of(0)) valid_share.push_back(valid[static_cast<size_t>(i)]);
+      for (int64_t i : share_of(0)) valid_share_.push_back(valid[static_cast<size_t>(i)]);
     } else {
-      valid_share = unpack_examples(comm->recv_string(0), share_of(comm->rank()).size());
+      valid_share_ = unpack_examples(comm->recv_string(0), share_of(comm->rank()).size());
     }
   }
-  auto validate = [&]() -> EvalResult {
-    if (!comm) return evaluate(model, task, valid, config.max_tokens);
-    const std::vector<Example>& share = valid_share;
-    const EvalResult e = share.empty() ? EvalResult{} : evaluate(model, task, share, config.max_tokens);
+
+  int64_t parts() const { return parts_; }
+  bool has_validation() const { return n_valid_ > 0; }
+  BatchPlan plan(int64_t epoch) const {
+    return plan_epoch(lengths_, config_.max_tokens, config_.seed, epoch, core_, pool_per_epoch_);
+  }
+
+  // This rank's micro-batches of batch `at` of `plan` (epoch `epoch`): the whole batch, or its parts.
+  std::vector<Batch> micro_batches(const BatchPlan& plan, int64_t epoch, int64_t at) {
+    if (comm_ && held_epoch_ != epoch) hand_out(plan, epoch, at);
+    const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(at)];
+    std::vector<Batch> micro;
+    if (parts_ == 1) {
+      micro.push_back(make_batch(cfg_, task_, train_, global));
+      return micro;
+    }
+    for (int64_t part = 0; part < parts_; ++part) {
+      if (comm_ && part != comm_->rank()) continue;
+      const std::vector<int64_t> idx = part_of(global, part, parts_);
+      if (!idx.empty()) micro.push_back(batch_of(idx));
+    }
+    return micro;
+  }
+
+  // The target tokens (a classifier's: its input tokens) of a global batch, every rank's counted.
+  int64_t tokens(const std::vector<int64_t>& global, const std::vector<Batch>& micro, const StepReport& rep) const {
+    int64_t n = 0;
+    if (parts_ > 1) {
+      if (task_ != Task::Classify) return rep.tokens;
+      for (int64_t i : global) n += lengths_[static_cast<size_t>(i)];
+    } else if (task_ == Task::Classify) {
+      const Batch& b = micro[0];
+      for (int64_t r = 0; r < b.input_lengths.numel(); ++r) n += b.input_lengths.data<int64_t>()[r];
+    } else {
+      n = counted_targets(micro[0], cfg_.pad_id);
+    }
+    return n;
+  }
+
+  // The validation split's loss (every rank: its share, summed in rank order).
+  EvalResult validate(const Model& model) const {
+    if (!comm_) return evaluate(model, task_, valid_, config_.max_tokens);
+    const EvalResult e = valid_share_.empty() ? EvalResult{} : evaluate(model, task_, valid_share_, config_.max_tokens);
     const auto n = static_cast<double>(e.count);
     double sums[3] = {e.loss * n, n, e.accuracy * n};
-    comm->sum_doubles(sums, 3);
+    comm_->sum_doubles(sums, 3);
     EvalResult all;
     all.count = static_cast<int64_t>(sums[1]);
     all.loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
     all.accuracy = sums[1] > 0 ? sums[2] / sums[1] : 0.0;
     return all;
-  };
+  }
 
-  // The examples this rank trains on: rank 0 (or one process) has them all in `train`; another
-  // rank holds those its parts of the current epoch's remaining batches need (`held`, by sorted
-  // global index), which rank 0 sends it when the epoch begins.
-  std::vector<int64_t> held_index;
-  std::vector<Example> held;
-  int64_t held_epoch = -1;
-  // need[r]: the examples of rank r's parts of this epoch's batches from batch_pos on, sorted
-  auto needed = [&] {
-    std::vector<std::vector<int64_t>> need(static_cast<size_t>(parts));
-    for (size_t b = static_cast<size_t>(batch_pos); b < plan.batches.size(); ++b) {
+ private:
+  // Rank 0 sends every other rank the examples of its parts of this epoch's batches from `at` on.
+  void hand_out(const BatchPlan& plan, int64_t epoch, int64_t at) {
+    std::vector<std::vector<int64_t>> need(static_cast<size_t>(parts_));
+    for (size_t b = static_cast<size_t>(at); b < plan.batches.size(); ++b) {
       const std::vector<int64_t>& global = plan.batches[b];
-      for (size_t i = 0; i < global.size(); ++i) need[i % static_cast<size_t>(parts)].push_back(global[i]);
+      for (size_t i = 0; i < global.size(); ++i) need[i % static_cast<size_t>(parts_)].push_back(global[i]);
     }
     for (auto& n : need) std::sort(n.begin(), n.end());
-    return need;
-  };
-  auto hand_out_epoch = [&] {
-    std::vector<std::vector<int64_t>> need = needed();
-    if (lead) {
-      for (int r = 1; r < comm->size(); ++r) comm->send_string(pack_examples(train, need[static_cast<size_t>(r)]), r);
+    if (lead_) {
+      for (int r = 1; r < comm_->size(); ++r) comm_->send_string(pack_examples(train_, need[static_cast<size_t>(r)]), r);
     } else {
-      held.clear();
-      held_index = std::move(need[static_cast<size_t>(comm->rank())]);
-      held = unpack_examples(comm->recv_string(0), held_index.size());
+      held_.clear();
+      held_index_ = std::move(need[static_cast<size_t>(comm_->rank())]);
+      held_ = unpack_examples(comm_->recv_string(0), held_index_.size());
     }
-    held_epoch = epoch;
-  };
+    held_epoch_ = epoch;
+  }
   // A part's batch from the examples this rank holds.
-  auto batch_of = [&](const std::vector<int64_t>& idx) {
-    if (lead) return make_batch(cfg, task, train, idx);
+  Batch batch_of(const std::vector<int64_t>& idx) const {
+    if (lead_) return make_batch(cfg_, task_, train_, idx);
     std::vector<int64_t> local;
     for (int64_t i : idx) {
-      const auto at = std::lower_bound(held_index.begin(), held_index.end(), i);
-      check(at != held_index.end() && *at == i, "train: internal: example ", i, " was not sent to rank ",
-            comm->rank());
-      local.push_back(at - held_index.begin());
+      const auto at = std::lower_bound(held_index_.begin(), held_index_.end(), i);
+      check(at != held_index_.end() && *at == i, "train: internal: example ", i, " was not sent to rank ",
+            comm_->rank());
+      local.push_back(at - held_index_.begin());
     }
-    return make_batch(cfg, task, held, local);
-  };
+    return make_batch(cfg_, task_, held_, local);
+  }
 
-  while (true) {
-    // one process looks at the clock and the stop flag here, as it always did; ranks use what
-    // they agreed on at the end of the last step
-    if (!comm) decide();
-    if (limit) break;
-    if (stop_now) {
-      res.interrupted = true;
-      break;
-    }
-    if (batch_pos >= per_epoch()) {
-      ++epoch;
-      batch_pos = 0;
-      plan = plan_for(epoch);
-      if (comm) decide();
-      continue;  // the epoch limit is checked first
-    }
-    if (comm && held_epoch != epoch) hand_out_epoch();
-    const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(batch_pos)];
-    std::vector<Batch> micro;
-    if (parts == 1) {
-      micro.push_back(make_batch(cfg, task, train, global));
-    } else {
-      for (int64_t part = 0; part < parts; ++part) {
-        if (comm && part != comm->rank()) continue;
-        const std::vector<int64_t> idx = part_of(global, part, parts);
-        if (!idx.empty()) micro.push_back(batch_of(idx));
-      }
-    }
-    const auto step_t0 = std::chrono::steady_clock::now();
-    const StepReport rep = trainer.step(micro);
-    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0).count();
-    res.step_seconds += step_s;
-    res.comm_seconds += rep.comm_seconds;
-    ++batch_pos;
-    const int64_t tokens_before = tokens;
-    if (parts > 1) {
-      // the global batch's: counted over every rank (classify: its input tokens)
-      if (task == Task::Classify) {
-        for (int64_t i : global) tokens += lengths[static_cast<size_t>(i)];
-      } else {
-        tokens += rep.tokens;
-      }
-    } else if (task == Task::Classify) {
-      // a classifier's tokens are its inputs' (each example has one target)
-      const Batch& b = micro[0];
-      for (int64_t r = 0; r < b.input_lengths.numel(); ++r) tokens += b.input_lengths.data<int64_t>()[r];
-    } else {
-      tokens += counted_targets(micro[0], pad);
-    }
-    decide();  // (ranks: agreed here, once per step)
-    LoopProgress p;
-    p.step = rep.step;
-    p.epoch = epoch;
-    p.loss = rep.loss;
-    p.lr = rep.lr;
-    p.elapsed_s = elapsed();
-    p.start_fraction = start_fraction;
-    p.valid_loss = last_valid;  // the latest known (from the checkpoint on resume), NaN when none
-    p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
-    Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
-    json extra = {{"epoch", epoch},
-                  {"lr", rep.lr},
-                  {"grad_norm", rep.grad_norm},
-                  {"tokens_per_s", p.tokens_per_s},
-                  {"tokens", tokens - tokens_before},
-                  {"step_seconds", step_s}};
-    if (rep.skipped) extra["skipped"] = true;
-    if (comm) {
-      extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
-      extra["buckets"] = rep.buckets;
-      extra["buckets_in_backward"] = rep.buckets_early;
-      if (rep.resummed) extra["resummed"] = true;
-    }
-    // (a stop request skips validation: Ctrl-C should save and return at once)
-    // (without --eval-every: at the end of each epoch, whatever its length)
-    // (with eval_every_seconds: when the clock says so, instead of at each epoch's end)
-    const bool eval_now = (config.eval_every > 0             ? rep.step % config.eval_every == 0
-                           : config.eval_every_seconds > 0 ? clock_eval
-                                                           : batch_pos == per_epoch()) ||
-                          limit;
-    if (eval_now) last_eval_step = rep.step;
-    if (clock_eval) next_clock_eval = elapsed() + config.eval_every_seconds;
-    std::optional<EvalResult> evaluated;
-    if (eval_now && n_valid > 0) evaluated = validate();  // (every rank: its share)
-    if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
-    if (evaluated) {
-      const EvalResult ev = *evaluated;
-      m.valid_loss = last_valid = ev.loss;
-      extra["valid_accuracy"] = ev.accuracy;
-      p.evaluated = true;
-      p.valid_loss = ev.loss;
-      if (ev.loss < best) {
-        best = ev.loss;
-        p.best = true;
-        model.save(out_dir);  // the best weights are the model directory's
-      }
-    }
-    if (eval_now && n_valid == 0) model.save(out_dir);
-    metrics.push_back(m);
-    metrics_text += metric_line(m, extra) + "\n";
-    if (eval_now) {
-      // metrics first: a kill between the two writes leaves lines past the checkpoint's step (the
-      // resumed run drops and redoes them), never a checkpoint whose steps have no lines; so with
-      // the snapshot
-      write_file_atomic(metrics_path, metrics_text);
-      save_snapshot();
-      save_checkpoint();
-      write_curve(out_dir, metrics, task, cfg.dropout, trainer.config().label_smoothing);
-    }
-    p.fraction = fraction();
-    if (on_progress) on_progress(p);
+  Task task_;
+  const ModelConfig& cfg_;
+  const std::vector<Example>& train_;
+  const std::vector<Example>& valid_;
+  const LoopConfig& config_;
+  Communicator* comm_;
+  bool lead_;
+  std::vector<int64_t> lengths_;
+  int64_t n_valid_ = 0, core_ = -1, pool_per_epoch_ = 0, parts_ = 1;
+  std::vector<Example> valid_share_;
+  std::vector<int64_t> held_index_;  // (another rank) the examples it holds, by sorted global index
+  std::vector<Example> held_;
+  int64_t held_epoch_ = -1;
+};
+
+// What a run writes besides the checkpoint (rank 0 only): metrics.jsonl, loss.svg, the best
+// weights, and the snapshots of checkpoint averaging.
+class RunFiles {
+ public:
+  RunFiles(const std::string& out_dir, const LoopConfig& config, Task task, float dropout, float label_smoothing)
+      : dir_(out_dir), metrics_path_(out_dir + "/metrics.jsonl"), average_(config.average), task_(task),
+        dropout_(dropout), label_smoothing_(label_smoothing) {}
+
+  // On resume: the metrics and snapshots up to the checkpoint's step (later ones belong to steps
+  // that will be redone).
+  void resume_at(int64_t step) {
+    for (const Metric& m : read_metrics(metrics_path_))
+      if (m.step <= step) metrics_.push_back(m), text_ += m.line + "\n";
   }
-  res.steps = trainer.steps_done();
-  res.start_step = start_step;
-  res.epochs_done = epoch + (batch_pos >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
-  res.epochs = static_cast<double>(epoch) +
-               std::min(1.0, static_cast<double>(batch_pos) / static_cast<double>(std::max<int64_t>(1, per_epoch())));
-  res.seconds = elapsed();
-  // A run that ended between evaluations is validated once more (its weights may be the best).
-  std::optional<EvalResult> final_eval;
-  if (!res.interrupted && last_eval_step != trainer.steps_done() && n_valid > 0 &&
-      trainer.steps_done() > start_step)
-    final_eval = validate();
-  if (!lead) return res;
-  if (final_eval) {
-    const EvalResult ev = *final_eval;
-    last_valid = ev.loss;
-    if (ev.loss < best) {
-      best = ev.loss;
-      model.save(out_dir);
-    }
-    Metric m{trainer.steps_done(), nan, ev.loss, {}};
-    metrics.push_back(m);
-    metrics_text += metric_line(m, {{"valid_accuracy", ev.accuracy}}) + "\n";
+  void drop_snapshots_after(int64_t step) {
+    if (average_ > 1)
+      for (int64_t s : snapshot_steps(dir_))
+        if (s > step) std::filesystem::remove(snapshot_path(dir_, s));
   }
-  // Interrupted or out of time between evaluations: the last state is saved either way (the
-  // metrics first, as above).
-  write_file_atomic(metrics_path, metrics_text);
-  if (!res.interrupted && last_eval_step != trainer.steps_done()) save_snapshot();
-  save_checkpoint();
-  write_curve(out_dir, metrics, task, cfg.dropout, trainer.config().label_smoothing);
-  struct stat st{};
-  if (::stat((out_dir + "/model.safetensors").c_str(), &st) != 0) model.save(out_dir);
-  // Checkpoint averaging: the mean of the kept snapshots, validated (on this process: the other
-  // ranks have returned), replaces the model directory's weights if it validates better.
-  const std::vector<int64_t> snaps = config.average > 1 && !res.interrupted ? snapshot_steps(out_dir)
-                                                                           : std::vector<int64_t>{};
-  if (snaps.size() >= 2) {
+  void add(const Metric& m, const json& extra) {
+    metrics_.push_back(m);
+    text_ += metric_line(m, extra) + "\n";
+  }
+  // metrics first: a kill between the two writes leaves lines past the checkpoint's step (the
+  // resumed run drops and redoes them), never a checkpoint whose steps have no lines; so with the
+  // snapshot
+  void write_metrics() const { write_file_atomic(metrics_path_, text_); }
+  void write_curve() const { qkv::write_curve(dir_, metrics_, task_, dropout_, label_smoothing_); }
+  // The weights now as a snapshot; only the last `average` are kept.
+  void snapshot(const Model& model, int64_t step) const {
+    if (average_ <= 1) return;
+    std::filesystem::create_directories(snapshot_dir(dir_));
+    write_safetensors(snapshot_path(dir_, step), model.state_dict());
+    std::vector<int64_t> steps = snapshot_steps(dir_);
+    for (size_t i = 0; i + static_cast<size_t>(average_) < steps.size(); ++i)
+      std::filesystem::remove(snapshot_path(dir_, steps[i]));
+  }
+  // Checkpoint averaging: the mean of the kept snapshots (summed in double), validated, becomes
+  // the model directory's weights if it validates better than `best` (updated); the model keeps
+  // its own weights either way. Fills res's averaging fields.
+  void average(Model& model, const std::function<double()>& valid_loss, bool has_valid, double& best,
+               LoopResult& res) const {
+    const std::vector<int64_t> snaps = average_ > 1 ? snapshot_steps(dir_) : std::vector<int64_t>{};
+    if (snaps.size() < 2) return;
     const std::vector<std::pair<std::string, Tensor>> now = model.state_dict();
     std::vector<std::vector<double>> sum(now.size());
     for (size_t k = 0; k < now.size(); ++k) sum[k].assign(static_cast<size_t>(now[k].second.numel()), 0.0);
     for (int64_t s : snaps) {
-      const std::string path = snapshot_path(out_dir, s);
+      const std::string path = snapshot_path(dir_, s);
       const SafetensorsFile f = read_safetensors(path);
       for (size_t k = 0; k < now.size(); ++k) {
         const Tensor* t = f.find(now[k].first);
         check(t && t->shape() == now[k].second.shape() && t->dtype() == DType::F32, path, ": ", now[k].first,
-              t ? " has another shape or type than the model's" : " is missing", "; remove ", snapshot_dir(out_dir),
+              t ? " has another shape or type than the model's" : " is missing", "; remove ", snapshot_dir(dir_),
               " (a snapshot of another run?)");
         const float* v = t->data<float>();
         for (size_t i = 0; i < sum[k].size(); ++i) sum[k][i] += v[i];
@@ -764,16 +631,199 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
     }
     model.load_state_dict(mean);
     res.averaged = static_cast<int64_t>(snaps.size());
-    res.averaged_valid_loss = valid.empty() ? nan : evaluate(model, task, valid, config.max_tokens).loss;
-    if (!valid.empty() && res.averaged_valid_loss < best) {
+    res.averaged_valid_loss = has_valid ? valid_loss() : std::numeric_limits<double>::quiet_NaN();
+    if (has_valid && res.averaged_valid_loss < best) {
       best = res.averaged_valid_loss;
       res.averaged_kept = true;
-      model.save(out_dir);
+      model.save(dir_);
     }
     model.load_state_dict(now);
   }
-  res.best_valid_loss = std::isfinite(best) ? best : nan;
-  res.last_valid_loss = last_valid;
+
+ private:
+  std::string dir_, metrics_path_;
+  int64_t average_;
+  Task task_;
+  float dropout_, label_smoothing_;
+  std::vector<Metric> metrics_;
+  std::string text_;
+};
+
+}  // namespace
+
+LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>& train,
+                        const std::vector<Example>& valid, const std::string& out_dir, const LoopConfig& config,
+                        bool resume, const std::function<void(const LoopProgress&)>& on_progress) {
+  Communicator* comm = trainer.communicator();
+  const bool lead = !comm || comm->rank() == 0;  // validates, writes and reports
+  check(!lead || !train.empty(), "train: the training set is empty");
+  check(config.max_steps > 0 || config.max_epochs > 0 || config.max_minutes > 0 || config.stop,
+        "train: give a limit: steps, epochs or minutes");
+  check(config.max_tokens >= 1, "train: max_tokens must be >= 1");
+  check(!comm || config.parts <= 1 || config.parts == comm->size(), "train: ", config.parts, " parts on ",
+        comm ? comm->size() : 1, " ranks: with a communicator the parts are the ranks");
+  check(comm || config.parts <= 1 || trainer.config().token_mean,
+        "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
+  Model& model = trainer.model();
+  const std::string ckpt = out_dir + "/checkpoint.safetensors";
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  LoopState st = resume ? LoopState::load(trainer, ckpt, out_dir) : LoopState{};
+  RunFiles files(out_dir, config, task, model.config().dropout, trainer.config().label_smoothing);
+  if (lead && resume) files.resume_at(trainer.steps_done());
+  if (lead) files.drop_snapshots_after(trainer.steps_done());
+  DataSource data(task, model.config(), train, valid, config, comm);
+  // Every epoch has its own plan, and plans under a token budget differ in length from epoch to
+  // epoch: the batch count is always the current plan's.
+  BatchPlan plan = data.plan(st.epoch);
+  auto per_epoch = [&] { return static_cast<int64_t>(plan.batches.size()); };
+  if (resume)
+    check(st.batch <= per_epoch(), ckpt, ": the data position (epoch ", st.epoch, ", batch ", st.batch,
+          ") lies beyond that epoch's ", per_epoch(), " batches: the checkpoint does not belong to this data and --max-tokens");
+
+  LoopResult res;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const int64_t start_step = trainer.steps_done();
+  int64_t tokens = 0, last_eval_step = -1;
+  auto fraction = [&]() -> double {
+    double f = -1;
+    const int64_t done = trainer.steps_done();
+    if (config.max_steps > 0) f = std::max(f, static_cast<double>(done) / static_cast<double>(config.max_steps));
+    if (config.max_epochs > 0)
+      f = std::max(f, (static_cast<double>(st.epoch) + static_cast<double>(st.batch) / static_cast<double>(per_epoch())) /
+                          static_cast<double>(config.max_epochs));
+    if (config.max_minutes > 0) f = std::max(f, elapsed() / (60.0 * config.max_minutes));
+    return std::min(f, 1.0);
+  };
+  const double start_fraction = std::max(0.0, fraction());
+  // Every decision that is not a function of the data (a limit, a signal, a validation by the
+  // clock) is agreed by the ranks once per step.
+  bool limit = false, stop_now = false, clock_eval = false;
+  double next_clock_eval = config.eval_every_seconds;
+  auto decide = [&] {
+    double f[3] = {(config.max_steps > 0 && trainer.steps_done() >= config.max_steps) ||
+                           (config.max_epochs > 0 && st.epoch >= config.max_epochs) ||
+                           (config.max_minutes > 0 && elapsed() >= 60.0 * config.max_minutes)
+                       ? 1.0
+                       : 0.0,
+                   config.stop && config.stop->load() ? 1.0 : 0.0,
+                   config.eval_every <= 0 && config.eval_every_seconds > 0 && elapsed() >= next_clock_eval ? 1.0 : 0.0};
+    if (comm) comm->sum_doubles(f, 3);
+    limit = f[0] > 0, stop_now = f[1] > 0, clock_eval = f[2] > 0;
+  };
+  decide();
+  // The weights validated now: the best so far become the model directory's.
+  auto validated = [&](const EvalResult& ev) {
+    st.last_valid = ev.loss;
+    const bool better = ev.loss < st.best;
+    if (better) st.best = ev.loss, model.save(out_dir);
+    return better;
+  };
+
+  while (true) {
+    // one process looks at the clock and the stop flag here, as it always did; ranks use what
+    // they agreed on at the end of the last step
+    if (!comm) decide();
+    if (limit) break;
+    if (stop_now) {
+      res.interrupted = true;
+      break;
+    }
+    if (st.batch >= per_epoch()) {
+      ++st.epoch;
+      st.batch = 0;
+      plan = data.plan(st.epoch);
+      if (comm) decide();
+      continue;  // the epoch limit is checked first
+    }
+    const std::vector<Batch> micro = data.micro_batches(plan, st.epoch, st.batch);
+    const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(st.batch)];
+    const auto step_t0 = std::chrono::steady_clock::now();
+    const StepReport rep = trainer.step(micro);
+    const double step_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0).count();
+    res.step_seconds += step_s;
+    res.comm_seconds += rep.comm_seconds;
+    ++st.batch;
+    const int64_t step_tokens = data.tokens(global, micro, rep);
+    tokens += step_tokens;
+    decide();  // (ranks: agreed here, once per step)
+    // Validation: every --eval-every steps, or when the clock says so, or at each epoch's end,
+    // and at the limit; never on a stop request (Ctrl-C should save and return at once).
+    const bool eval_now = (config.eval_every > 0             ? rep.step % config.eval_every == 0
+                           : config.eval_every_seconds > 0 ? clock_eval
+                                                           : st.batch == per_epoch()) ||
+                          limit;
+    if (eval_now) last_eval_step = rep.step;
+    if (clock_eval) next_clock_eval = elapsed() + config.eval_every_seconds;
+    std::optional<EvalResult> ev;
+    if (eval_now && data.has_validation()) ev = data.validate(model);  // (every rank: its share)
+    if (!lead) continue;  // the other ranks go on to the next step (and wait there for rank 0)
+    LoopProgress p;
+    p.step = rep.step;
+    p.epoch = st.epoch;
+    p.loss = rep.loss;
+    p.lr = rep.lr;
+    p.elapsed_s = elapsed();
+    p.start_fraction = start_fraction;
+    p.valid_loss = st.last_valid;  // the latest known (from the checkpoint on resume), NaN when none
+    p.tokens_per_s = p.elapsed_s > 0 ? static_cast<double>(tokens) / p.elapsed_s : 0;
+    Metric m{rep.step, rep.skipped ? nan : rep.loss, nan, {}};
+    json extra = {{"epoch", st.epoch},  {"lr", rep.lr},        {"grad_norm", rep.grad_norm},
+                  {"tokens_per_s", p.tokens_per_s}, {"tokens", step_tokens}, {"step_seconds", step_s}};
+    if (rep.skipped) extra["skipped"] = true;
+    if (comm) {
+      extra["comm_wait_fraction"] = step_s > 0 ? rep.comm_seconds / step_s : 0.0;
+      extra["buckets"] = rep.buckets;
+      extra["buckets_in_backward"] = rep.buckets_early;
+      if (rep.resummed) extra["resummed"] = true;
+    }
+    if (ev) {
+      m.valid_loss = ev->loss;
+      extra["valid_accuracy"] = ev->accuracy;
+      p.evaluated = true;
+      p.valid_loss = ev->loss;
+      p.best = validated(*ev);
+    }
+    if (eval_now && !data.has_validation()) model.save(out_dir);
+    files.add(m, extra);
+    if (eval_now) {
+      files.write_metrics();
+      files.snapshot(model, trainer.steps_done());
+      st.save(trainer, ckpt);
+      files.write_curve();
+    }
+    p.fraction = fraction();
+    if (on_progress) on_progress(p);
+  }
+  res.steps = trainer.steps_done();
+  res.start_step = start_step;
+  res.epochs_done = st.epoch + (st.batch >= per_epoch() ? 1 : 0);  // an epoch whose last batch ran is done
+  res.epochs = static_cast<double>(st.epoch) +
+               std::min(1.0, static_cast<double>(st.batch) / static_cast<double>(std::max<int64_t>(1, per_epoch())));
+  res.seconds = elapsed();
+  // A run that ended between evaluations is validated once more (its weights may be the best).
+  const bool ended_between = !res.interrupted && last_eval_step != trainer.steps_done();
+  std::optional<EvalResult> final_eval;
+  if (ended_between && data.has_validation() && trainer.steps_done() > start_step) final_eval = data.validate(model);
+  if (!lead) return res;
+  if (final_eval) {
+    validated(*final_eval);
+    files.add(Metric{trainer.steps_done(), nan, final_eval->loss, {}}, {{"valid_accuracy", final_eval->accuracy}});
+  }
+  // Interrupted or out of time between evaluations: the last state is saved either way (the
+  // metrics first, as above).
+  files.write_metrics();
+  if (ended_between) files.snapshot(model, trainer.steps_done());
+  st.save(trainer, ckpt);
+  files.write_curve();
+  struct stat sb{};
+  if (::stat((out_dir + "/model.safetensors").c_str(), &sb) != 0) model.save(out_dir);
+  // Checkpoint averaging (on this process: the other ranks have returned).
+  if (!res.interrupted)
+    files.average(model, [&] { return evaluate(model, task, valid, config.max_tokens).loss; }, !valid.empty(), st.best,
+                  res);
+  res.best_valid_loss = std::isfinite(st.best) ? st.best : nan;
+  res.last_valid_loss = st.last_valid;
   return res;
 }
 
