@@ -17,7 +17,10 @@ own tokenizer (`qkv tokenize`) and cut into windows of 128 next-token prediction
     computes with, before its own activation rounding).
 
 The second against the third is the conversion's cost; the third against the first is the
-K-quants' own rounding (with this quantiser; llama.cpp's search rounds somewhat closer).
+K-quants' own rounding (with this quantiser; llama.cpp's search rounds somewhat closer). Then
+greedy continuations: 64 tokens from the start of each of 16 test windows, with each type and
+file, against float32's: the tokens equal position by position, and the mean length of the
+common prefix.
 Figures, not a test: tests/gguf_test.py checks the conversion bit for bit.
 """
 import argparse
@@ -75,6 +78,19 @@ def perplexity(qkv, model, ids, dtype=None):
     if not m:
         raise SystemExit("no loss in qkv forward's output:\n" + out)
     return float(np.exp(float(m.group(1))))
+
+
+def greedy(qkv, model, starts, out, dtype=None):
+    run([qkv, "--threads", "2", "forward", "--model", model, "--input", starts, "--generate", "64", "--generated", out] +
+        (["--dtype", dtype] if dtype else []))
+    return np.load(out)
+
+
+def agreement(a, b):
+    """(fraction of positions with the same token, mean common-prefix length) of two (rows, n) arrays."""
+    same = a == b
+    prefix = [int(np.argmin(r)) if not r.all() else len(r) for r in same]
+    return float(same.mean()), float(np.mean(prefix))
 
 
 def role(name):
@@ -160,14 +176,28 @@ def main():
     for dtype in ("bf16", "int8", "q4"):
         p = perplexity(a.qkv, f32, ids, dtype)
         print("%-14s %12.4f %+9.3f%%   (qkv --dtype %s on the float32 file)" % (dtype, p, 100 * (p / base - 1), dtype))
+    kq_files = {}
     for name, mix in MIXES.items():
         tag = name.replace(" ", "_")
         kq, exact = os.path.join(work, tag + ".gguf"), os.path.join(work, tag + "-exact.gguf")
         rewrite(kv, tensors, mix, kq, exact)
+        kq_files[name] = kq
         p_kq = perplexity(a.qkv, kq, ids)
         p_ex = perplexity(a.qkv, exact, ids)
         print("%-14s %12.4f %+9.3f%%   its exact values in float32: %.4f (%+.3f%% of f32); the conversion to Q8_0: "
               "%+.3f%%" % (name, p_kq, 100 * (p_kq / base - 1), p_ex, 100 * (p_ex / base - 1), 100 * (p_kq / p_ex - 1)))
+
+    # greedy continuations from the first 8 tokens of 16 test windows
+    starts = os.path.join(work, "starts.npy")
+    np.save(starts, np.load(ids[0])[:16, :8])
+    ref = greedy(a.qkv, f32, starts, os.path.join(work, "gen-f32.npy"))
+    print("greedy continuations, 16 prompts of 8 tokens, 64 tokens each, against float32's:")
+    print("%-14s %16s %22s" % ("file", "same tokens", "mean common prefix"))
+    runs = [(d, f32, d) for d in ("bf16", "f16", "int8", "q4")] + [(n, f, None) for n, f in kq_files.items()]
+    for name, model, dtype in runs:
+        got = greedy(a.qkv, model, starts, os.path.join(work, "gen.npy"), dtype)
+        same, prefix = agreement(got, ref)
+        print("%-14s %15.1f%% %16.1f of 64" % (name, 100 * same, prefix))
 
 
 if __name__ == "__main__":
