@@ -117,42 +117,6 @@ def rewrite(kv, tensors, mix, path_kq, path_exact):
     g.write(path_exact, g.gguf(items, exact))
 
 
-def read_kv_kinds(path):
-    """read_gguf's keys with their kinds (to write them back): {key: (kind, value, elem)}."""
-    import struct
-    with open(path, "rb") as f:
-        data = f.read()
-    at = [24]
-    n_kv = struct.unpack_from("<Q", data, 16)[0]
-
-    def take(fmt):
-        v = struct.unpack_from(fmt, data, at[0])
-        at[0] += struct.calcsize(fmt)
-        return v[0]
-
-    def string():
-        n = take("<Q")
-        s = data[at[0]:at[0] + n]
-        at[0] += n
-        return s.decode("utf-8")
-
-    def value(kind):
-        if kind == g.STRING:
-            return string(), None
-        if kind == g.ARRAY:
-            elem, n = take("<I"), take("<Q")
-            return [value(elem)[0] for _ in range(n)], elem
-        return take(g.SCALAR[kind]), None
-
-    out = {}
-    for _ in range(n_kv):
-        key = string()
-        kind = take("<I")
-        v, elem = value(kind)
-        out[key] = (kind, v, elem)
-    return out
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", required=True)
@@ -165,8 +129,7 @@ def main():
     data = a.data or os.path.join(a.model, "test.txt")
     f32 = os.path.join(work, "f32.gguf")
     run([a.qkv, "export", "--model", a.model, "--format", "gguf", "--out", f32])
-    kv = read_kv_kinds(f32)
-    _, tensors = g.read_gguf(f32)
+    kv, tensors = g.read_gguf(f32, kinds=True)
     ids = windows(a.qkv, a.model, data, work)
     base_dir = perplexity(a.qkv, a.model, ids)
     base = perplexity(a.qkv, f32, ids)

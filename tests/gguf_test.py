@@ -357,8 +357,9 @@ def random_llama(rng, dim=256, hidden=512, layers=2, heads=4, kv_heads=2, vocab=
     return cfg, t
 
 
-def read_gguf(path):
-    """A minimal reader (for checking what qkv writes): {key: value}, {name: (ne, type, bytes)}."""
+def read_gguf(path, kinds=False):
+    """A minimal reader (for checking what qkv writes): {key: value}, {name: (ne, type, bytes)}; with
+    kinds, each key's (kind, value, element kind or None), to write it back."""
     with open(path, "rb") as f:
         data = f.read()
     at = [0]
@@ -386,10 +387,13 @@ def read_gguf(path):
     at[0] = 4
     take("<I")
     n_t, n_kv = take("<Q"), take("<Q")
-    kv = {}
+    kv, kv_kinds = {}, {}
     for _ in range(n_kv):
         key = string()
-        kv[key] = value(take("<I"))
+        kind = take("<I")
+        elem = struct.unpack_from("<I", data, at[0])[0] if kind == ARRAY else None
+        kv[key] = value(kind)
+        kv_kinds[key] = (kind, kv[key], elem)
     infos = []
     for _ in range(n_t):
         name = string()
@@ -404,7 +408,7 @@ def read_gguf(path):
         blk, b = size[typ]
         n = int(np.prod(ne[1:])) * ne[0] // blk * b
         tensors[name] = (ne, typ, data[base + off:base + off + n])
-    return kv, tensors
+    return (kv_kinds if kinds else kv), tensors
 
 
 def run(cmd, want_rc=0):

@@ -1017,45 +1017,30 @@ TEST(GradientReducer, LateGradientIsCaughtAndSummedAgain) {
   OneRank comm;
   GradientReducer r(params, 16);  // one parameter (16 bytes) a bucket, the last parameter first
   ASSERT_EQ(r.buckets(), 3);
-  // step 1 (nothing learned yet: every bucket leaves after backward): closures 5..0 write
-  // p2 at 5, p1 at 3, p0 at 1
-  for (Parameter& p : params) p.var->zero_grad();
-  r.begin(params, true);
-  for (int64_t c = 5; c >= 0; --c) {
-    if (c == 5) write(2, 1.0f, c);
-    if (c == 3) write(1, 1.0f, c);
-    if (c == 1) write(0, 1.0f, c);
-    r.after_op(params, comm, static_cast<size_t>(c));
-  }
+  // one step: closures 5..0 run; writes[c] = {parameter, value} written by closure c
+  const auto step = [&](std::vector<std::vector<std::pair<size_t, float>>> writes) {
+    comm.sums.clear();
+    for (Parameter& p : params) p.var->zero_grad();
+    r.begin(params, true);
+    for (int64_t c = 5; c >= 0; --c) {
+      for (const auto& [i, v] : writes[static_cast<size_t>(c)]) write(i, v, c);
+      r.after_op(params, comm, static_cast<size_t>(c));
+    }
+  };
+  // step 1 (nothing learned yet: every bucket leaves after backward): p2 at 5, p1 at 3, p0 at 1
+  step({{}, {{0, 1.0f}}, {}, {{1, 1.0f}}, {}, {{2, 1.0f}}});
   EXPECT_EQ(r.finish(params, comm, true), 0);
   EXPECT_EQ(r.buckets_early(), 0);
   EXPECT_EQ(r.land(params, comm, false), 0.0);
   // step 2, as learned: p2's bucket leaves after closure 5, p1's after 3, p0's after 1 (all while
   // backward still runs: closure 0 comes last)
-  comm.sums.clear();
-  for (Parameter& p : params) p.var->zero_grad();
-  r.begin(params, true);
-  for (int64_t c = 5; c >= 0; --c) {
-    if (c == 5) write(2, 2.0f, c);
-    if (c == 3) write(1, 2.0f, c);
-    if (c == 1) write(0, 2.0f, c);
-    r.after_op(params, comm, static_cast<size_t>(c));
-  }
+  step({{}, {{0, 2.0f}}, {}, {{1, 2.0f}}, {}, {{2, 2.0f}}});
   EXPECT_EQ(r.finish(params, comm, true), 0);
   EXPECT_EQ(r.buckets_early(), 3);
   r.land(params, comm, false);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(params[static_cast<size_t>(i)].var->grad.data<float>()[0], 2.0f) << i;
   // step 3: p2 gets a second contribution at closure 2, after its bucket left at closure 5
-  comm.sums.clear();
-  for (Parameter& p : params) p.var->zero_grad();
-  r.begin(params, true);
-  for (int64_t c = 5; c >= 0; --c) {
-    if (c == 5) write(2, 2.0f, c);
-    if (c == 3) write(1, 2.0f, c);
-    if (c == 2) write(2, 5.0f, c);
-    if (c == 1) write(0, 2.0f, c);
-    r.after_op(params, comm, static_cast<size_t>(c));
-  }
+  step({{}, {{0, 2.0f}}, {{2, 5.0f}}, {{1, 2.0f}}, {}, {{2, 2.0f}}});
   EXPECT_EQ(r.finish(params, comm, true), 1);
   ASSERT_GE(comm.sums.size(), 1u);
   EXPECT_EQ(comm.sums[0][0], 2.0f) << "p2's bucket left with the value before closure 2";
