@@ -190,6 +190,9 @@ TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
   std::mt19937 rng(21);
   const std::vector<Case> cases = {{WType::Q8_0, 37, 32},   {WType::Q8_0, 40, 4096}, {WType::Q8_0, 9, 96},
                                    {WType::Q4_0, 37, 32},   {WType::Q4_0, 40, 4096}, {WType::Q4_0, 9, 160},
+                                   // 18 and 17 blocks: the 512-bit loop's 16 blocks, then a pair or one
+                                   {WType::Q4_0, 9, 576},   {WType::Q4_0, 9, 544},   {WType::Q8_0, 9, 576},
+                                   {WType::Q8_0, 9, 544},
                                    {WType::F16, 37, 77},    {WType::F16, 40, 4096},  {WType::F16, 3, 5},
                                    {WType::BF16, 37, 77},   {WType::BF16, 40, 4096}, {WType::BF16, 3, 1}};
   for (const Case& c : cases) {

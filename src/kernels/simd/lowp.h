@@ -165,11 +165,30 @@ QKV_VNNI512 inline __m512i dot64_vnni(__m512i w, __m512i x) {
   const __m512i s = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
   return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(w), s);
 }
+// The blocks' scales half_to_float(d_i) * xd_i, 16 blocks at a time in one vector (the 16 float16
+// scales gathered by plain loads into a row, widened with vcvtph2ps, times 16 activation scales in
+// one product: the same IEEE operations as one block at a time, so the same floats), and each
+// pair's two scales spread over its 16 lanes by one permute. 16 blocks of Q4_0 took 9 scalar
+// instructions a pair for their scales before; now about 3.
 #define QKV_ROW512(NAME, BLOCK, PAIR, TAIL)                                                                  \
   QKV_VNNI512 inline float NAME(const kernels::BLOCK* w, const float* xd, const int8_t* xq, const int32_t* corr, \
                                 int64_t nb) {                                                                 \
     __m512 a = _mm512_setzero_ps();                                                                          \
     int64_t i = 0;                                                                                           \
+    const __m512i first = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                  \
+    while (i + 16 <= nb) {                                                                                   \
+      alignas(32) uint16_t d16[16];                                                                          \
+      for (int j = 0; j < 16; ++j) d16[j] = w[i + j].d;                                                      \
+      const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d16))), \
+                                      _mm512_loadu_ps(xd + i));                                              \
+      __m512i idx = first; /* lanes 0-7: block i's scale, 8-15: block i + 1's */                            \
+      for (const int64_t end = i + 16; i < end; i += 2) {                                                    \
+        const __m512i x = _mm512_loadu_si512(xq + i * 32);                                                   \
+        const __m512i p = PAIR;                                                                              \
+        a = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, sc), _mm512_cvtepi32_ps(p), a);                       \
+        idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2));                                                   \
+      }                                                                                                      \
+    }                                                                                                        \
     for (; i + 2 <= nb; i += 2) {                                                                            \
       const __m512i x = _mm512_loadu_si512(xq + i * 32);                                                     \
       const __m512i p = PAIR;                                                                                \
