@@ -161,6 +161,44 @@ std::vector<uint8_t> random_matrix(WType t, int64_t N, int64_t K, std::mt19937& 
   return packed;
 }
 
+// A matrix in the layout gemv takes: Q4_0's rows grouped by 16 (kernels/quant.h), others as they are.
+std::vector<uint8_t> for_gemv(WType t, std::vector<uint8_t> W, int64_t N, int64_t K) {
+  if (t == WType::Q4_0) q4_0_group_rows(W.data(), N, K);
+  return W;
+}
+
+TEST(Quant, Q4GroupingKeepsEveryRowAndItsSize) {
+  // rows grouped by 16 read back as they were, byte for byte: a group's block holds its 16 scales
+  // then four 64-byte runs of 4 bytes a row; the rows after the last whole group stay in place
+  std::mt19937 rng(41);
+  for (const int64_t N : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{37}, int64_t{64}}) {
+    const int64_t K = 96;
+    const auto W = random_matrix(WType::Q4_0, N, K, rng, nullptr);
+    const auto G = for_gemv(WType::Q4_0, W, N, K);
+    ASSERT_EQ(G.size(), W.size());
+    const size_t rb = row_bytes(WType::Q4_0, K);
+    std::vector<uint8_t> row(rb);
+    for (int64_t r = 0; r < N; ++r) {
+      q4_0_file_row(G.data(), N, K, r, row.data());
+      ASSERT_EQ(std::memcmp(row.data(), W.data() + r * rb, rb), 0) << "N " << N << " row " << r;
+    }
+    if (N >= 16) {
+      // group 0, block 2: row 5's scale at byte 10, its bytes 8..11 at 32 + 64 * 2 + 4 * 5
+      const auto* b = reinterpret_cast<const BlockQ4_0*>(W.data() + 5 * rb) + 2;
+      const uint8_t* g = G.data() + 2 * kQ4GroupBlock;
+      EXPECT_EQ(std::memcmp(g + 10, &b->d, 2), 0);
+      EXPECT_EQ(std::memcmp(g + 32 + 128 + 20, b->q + 8, 4), 0);
+    } else {
+      EXPECT_EQ(G, W) << "fewer than 16 rows stay as they are";
+    }
+  }
+  EXPECT_NE(error_of([] {
+              std::vector<uint8_t> W(row_bytes(WType::Q4_0, 32)), out(W.size());
+              q4_0_file_row(W.data(), 1, 32, 1, out.data());
+            }).find("row 1 outside [0, 1)"),
+            std::string::npos);
+}
+
 // The vectorised rounding of many values equals the one-value rounding, bit for bit: random bit
 // patterns (NaNs with any payload, infinities, subnormals, ties) and the edges.
 TEST(Quant, Bf16RoundingOfManyValuesIsTheOneValueRounding) {
@@ -192,16 +230,18 @@ TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
                                    {WType::Q4_0, 37, 32},   {WType::Q4_0, 40, 4096}, {WType::Q4_0, 9, 160},
                                    // 18 and 17 blocks: the 512-bit loop's 16 blocks, then a pair or one
                                    {WType::Q4_0, 9, 576},   {WType::Q4_0, 9, 544},   {WType::Q8_0, 9, 576},
+                                   // whole groups of 16 rows only, and groups then 15 rows
+                                   {WType::Q4_0, 16, 32},   {WType::Q4_0, 48, 576},  {WType::Q4_0, 31, 2048},
                                    {WType::Q8_0, 9, 544},
                                    {WType::F16, 37, 77},    {WType::F16, 40, 4096},  {WType::F16, 3, 5},
                                    {WType::BF16, 37, 77},   {WType::BF16, 40, 4096}, {WType::BF16, 3, 1}};
   for (const Case& c : cases) {
-    const auto W = random_matrix(c.t, c.N, c.K, rng, nullptr);
+    const auto W = random_matrix(c.t, c.N, c.K, rng, nullptr), G = for_gemv(c.t, W, c.N, c.K);
     std::normal_distribution<float> g(0, 1);
     std::vector<float> x(static_cast<size_t>(c.K));
     for (float& v : x) v = g(rng);
     std::vector<double> ref(static_cast<size_t>(c.N));
-    gemv_reference(c.t, W.data(), c.N, c.K, x.data(), ref.data());
+    gemv_reference(c.t, G.data(), c.N, c.K, x.data(), ref.data());
     // the yardstick: a plain float32 loop over the same dequantised weights and activations
     std::vector<float> xa(x);
     if (c.t == WType::Q8_0 || c.t == WType::Q4_0) {
@@ -225,7 +265,7 @@ TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
     std::vector<float> first;
     for (const auto& [name, k] : tables()) {
       std::vector<float> y(static_cast<size_t>(c.N));
-      gemv_with(k, c.t, W.data(), c.N, c.K, x.data(), y.data(), ws.data(), 2);
+      gemv_with(k, c.t, G.data(), c.N, c.K, x.data(), y.data(), ws.data(), 2);
       double err = 0;
       int64_t at = 0;
       for (int64_t n = 0; n < c.N; ++n)
@@ -234,11 +274,20 @@ TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
           << name << " " << wtype_name(c.t) << " N=" << c.N << " K=" << c.K << ": row " << at << " gives " << y[at]
           << ", float64 " << ref[at] << " (error " << err << " of sum |w x|; the plain float32 loop's: " << plain_err
           << ")";
-      // the int8 products are exact and every vector ISA sums the same lanes in the same order
-      if ((c.t == WType::Q8_0 || c.t == WType::Q4_0) && name != "generic") {
+      // the int8 products are exact and every vector ISA sums the same lanes in the same order;
+      // Q4_0 takes its blocks in one order on every ISA, the plain loops too
+      if ((c.t == WType::Q8_0 && name != "generic") || c.t == WType::Q4_0) {
         if (first.empty()) first = y;
-        EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size() * 4), 0) << name << " differs from avx2";
+        EXPECT_EQ(std::memcmp(first.data(), y.data(), y.size() * 4), 0)
+            << name << " " << wtype_name(c.t) << " N=" << c.N << " K=" << c.K << " differs from " << tables()[0].first;
       }
+      // a grouped row gives what it gives alone (one row is never grouped), bit for bit
+      if (c.t == WType::Q4_0)
+        for (int64_t n = 0; n < c.N; ++n) {
+          float alone = 0;
+          gemv_with(k, c.t, W.data() + n * row_bytes(c.t, c.K), 1, c.K, x.data(), &alone, ws.data(), 1);
+          ASSERT_EQ(bits_of(alone), bits_of(y[n])) << name << " N=" << c.N << " K=" << c.K << " row " << n;
+        }
     }
   }
 }
@@ -266,7 +315,7 @@ TEST(Quant, EveryWeightByteIsExactMinus128Included) {
 }
 
 TEST(Quant, NanAndInfinityAreNeverTurnedIntoNumbers) {
-  const int64_t K = 64, N = 3;
+  const int64_t K = 64, N = 19;  // Q4_0: a group of 16 rows, then 3 rows
   std::mt19937 rng(5);
   for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
     auto W = random_matrix(t, N, K, rng, nullptr);
@@ -274,9 +323,10 @@ TEST(Quant, NanAndInfinityAreNeverTurnedIntoNumbers) {
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
       std::vector<float> x(K, 0.5f);
       x[40] = bad;
+      const auto G = for_gemv(t, W, N, K);
       for (const auto& [name, k] : tables()) {
         std::vector<float> y(N);
-        gemv_with(k, t, W.data(), N, K, x.data(), y.data(), ws.data(), 1);
+        gemv_with(k, t, G.data(), N, K, x.data(), y.data(), ws.data(), 1);
         for (int64_t n = 0; n < N; ++n) {
           if (std::isnan(bad) || t == WType::Q8_0 || t == WType::Q4_0)
             EXPECT_TRUE(std::isnan(y[n])) << name << " " << wtype_name(t) << " x holds " << bad << ": y = " << y[n];
@@ -285,17 +335,23 @@ TEST(Quant, NanAndInfinityAreNeverTurnedIntoNumbers) {
         }
       }
     }
-    // a NaN scale (Q types) or weight (float types) in row 1 only
-    if (t == WType::Q8_0) reinterpret_cast<BlockQ8_0*>(W.data() + row_bytes(t, K))[1].d = 0x7e00;
-    if (t == WType::Q4_0) reinterpret_cast<BlockQ4_0*>(W.data() + row_bytes(t, K))[1].d = 0x7e00;
-    if (t == WType::F16) reinterpret_cast<uint16_t*>(W.data() + row_bytes(t, K))[50] = 0x7e00;
-    if (t == WType::BF16) reinterpret_cast<uint16_t*>(W.data() + row_bytes(t, K))[50] = 0x7fc0;
+    // a NaN scale (Q types) or weight (float types) in rows 1 and 17 only (Q4_0: one in the
+    // group, one after it)
+    for (const int64_t r : {1, 17}) {
+      uint8_t* row = W.data() + r * row_bytes(t, K);
+      if (t == WType::Q8_0) reinterpret_cast<BlockQ8_0*>(row)[1].d = 0x7e00;
+      if (t == WType::Q4_0) reinterpret_cast<BlockQ4_0*>(row)[1].d = 0x7e00;
+      if (t == WType::F16) reinterpret_cast<uint16_t*>(row)[50] = 0x7e00;
+      if (t == WType::BF16) reinterpret_cast<uint16_t*>(row)[50] = 0x7fc0;
+    }
+    const auto G = for_gemv(t, W, N, K);
     std::vector<float> x(K, 0.25f);
     for (const auto& [name, k] : tables()) {
       std::vector<float> y(N);
-      gemv_with(k, t, W.data(), N, K, x.data(), y.data(), ws.data(), 1);
-      EXPECT_TRUE(std::isfinite(y[0]) && std::isnan(y[1]) && std::isfinite(y[2]))
-          << name << " " << wtype_name(t) << ": " << y[0] << " " << y[1] << " " << y[2];
+      gemv_with(k, t, G.data(), N, K, x.data(), y.data(), ws.data(), 1);
+      for (int64_t n = 0; n < N; ++n)
+        EXPECT_EQ(std::isnan(y[n]), n == 1 || n == 17) << name << " " << wtype_name(t) << ": row " << n << " " << y[n];
+      for (int64_t n = 0; n < N; ++n) EXPECT_TRUE(std::isnan(y[n]) || std::isfinite(y[n]));
     }
   }
 }
@@ -304,18 +360,19 @@ TEST(Quant, RowsDependOnNeitherThreadsNorOtherRows) {
   std::mt19937 rng(9);
   const int64_t N = 301, K = 512;
   for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
-    const auto W = random_matrix(t, N, K, rng, nullptr);
+    const auto W = for_gemv(t, random_matrix(t, N, K, rng, nullptr), N, K);
     std::vector<float> x(K);
     for (float& v : x) v = std::normal_distribution<float>(0, 1)(rng);
     std::vector<uint8_t> ws(gemv_workspace_bytes(t, K));
-    std::vector<float> y1(N), y2(N), y7(N), part(N - 100);
+    // the rows from 96 on (a multiple of 16: where a grouped Q4_0 matrix's part may start)
+    std::vector<float> y1(N), y2(N), y7(N), part(N - 96);
     gemv(t, W.data(), N, K, x.data(), y1.data(), ws.data(), 1);
     gemv(t, W.data(), N, K, x.data(), y2.data(), ws.data(), 2);
     gemv(t, W.data(), N, K, x.data(), y7.data(), ws.data(), 7);
-    gemv(t, W.data() + 100 * row_bytes(t, K), N - 100, K, x.data(), part.data(), ws.data(), 2);
+    gemv(t, W.data() + 96 * row_bytes(t, K), N - 96, K, x.data(), part.data(), ws.data(), 2);
     EXPECT_EQ(std::memcmp(y1.data(), y2.data(), N * 4), 0) << wtype_name(t);
     EXPECT_EQ(std::memcmp(y1.data(), y7.data(), N * 4), 0) << wtype_name(t);
-    EXPECT_EQ(std::memcmp(y1.data() + 100, part.data(), (N - 100) * 4), 0) << wtype_name(t);
+    EXPECT_EQ(std::memcmp(y1.data() + 96, part.data(), (N - 96) * 4), 0) << wtype_name(t);
   }
 }
 
@@ -328,7 +385,7 @@ TEST(Quant, PartsAreEachPartsOwnProductBitForBit) {
   const std::vector<int64_t> rows = {37, 0, 16, 1, 50};
   for (WType t : {WType::Q8_0, WType::Q4_0, WType::F16, WType::BF16}) {
     std::vector<std::vector<uint8_t>> W;
-    for (int64_t n : rows) W.push_back(random_matrix(t, n, K, rng, nullptr));
+    for (int64_t n : rows) W.push_back(for_gemv(t, random_matrix(t, n, K, rng, nullptr), n, K));
     std::vector<float> x(K);
     for (float& v : x) v = std::normal_distribution<float>(0, 1)(rng);
     std::vector<uint8_t> ws(gemv_workspace_bytes(t, K));

@@ -57,7 +57,7 @@ Model dequantised_twin(const Model& packed, uint64_t seed) {
     if (!v->packed) continue;
     float* dst = twin.parameters()[i].var->value.data<float>();
     for (int64_t r = 0; r < v->packed->rows; ++r)
-      kernels::dequantize_row(v->packed->type, v->packed->row(r), v->packed->cols, dst + r * v->packed->cols);
+      v->packed->dequantize_row(r, dst + r * v->packed->cols);
   }
   return twin;
 }

@@ -62,6 +62,8 @@ int run_bench_gemv(const GemvBenchOptions& o) {
         for (float& v : dense) v = static_cast<float>(rng.normal()) * 0.02f;
         kernels::quantize_row(t, dense.data(), K, W[c].data() + static_cast<size_t>(n) * kernels::row_bytes(t, K));
       }
+    if (t == kernels::WType::Q4_0)  // held as the models hold it: rows grouped by 16 (kernels/quant.h)
+      for (auto& w : W) kernels::q4_0_group_rows(w.data(), N, K);
     std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(t, K));
     auto product = [&](size_t c) {
       if (t == kernels::WType::F32)

@@ -20,13 +20,20 @@ const char* wtype_name(WType t);  // "f32", "bf16", "f16", "q8_0", "q4_0"
 // "f32", "bf16", "f16", "int8" / "q8_0", "q4" / "q4_0"; anything else is an error naming `what`.
 WType parse_wtype(const std::string& s, const std::string& what);
 
-// A (rows, cols) matrix packed row by row (each row row_bytes long; docs/formats.md).
+// A (rows, cols) matrix packed row by row (each row row_bytes long; docs/formats.md). Q4_0 rows
+// are held grouped, 16 rows interleaved for the row products (kernels/quant.h), so a Q4_0 row is
+// not at row(r): file_row and dequantize_row read any row of any type.
 struct PackedWeight {
   WType type = WType::F32;
   int64_t rows = 0, cols = 0;
   size_t row_bytes = 0;
   std::shared_ptr<Storage> bytes;
+  // The bytes where row r starts: row r itself for every type but Q4_0; for Q4_0 the start of the
+  // rows from r on (r a multiple of 16), as the row products take them.
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(bytes->data()) + static_cast<size_t>(r) * row_bytes; }
+  void file_row(int64_t r, uint8_t* out) const;     // row r as files hold it (row_bytes bytes)
+  void dequantize_row(int64_t r, float* out) const;  // row r as cols floats
+  std::string file_bytes() const;                    // every row as files hold them
 };
 
 // Bytes of one packed row of `cols` weights (an error when Q8_0 / Q4_0 rows are not whole blocks

@@ -37,6 +37,33 @@ WType parse_wtype(const std::string& s, const std::string& what) {
 
 size_t packed_row_bytes(WType t, int64_t cols) { return kernels::row_bytes(t, cols); }
 
+void PackedWeight::file_row(int64_t r, uint8_t* out) const {
+  check(r >= 0 && r < rows, "packed weight: row ", r, " outside [0, ", rows, ")");
+  if (type == WType::Q4_0)
+    kernels::q4_0_file_row(static_cast<const uint8_t*>(bytes->data()), rows, cols, r, out);
+  else
+    std::memcpy(out, row(r), row_bytes);
+}
+
+void PackedWeight::dequantize_row(int64_t r, float* out) const {
+  if (type != WType::Q4_0) {
+    check(r >= 0 && r < rows, "packed weight: row ", r, " outside [0, ", rows, ")");
+    return kernels::dequantize_row(type, row(r), cols, out);
+  }
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(row_bytes);
+  file_row(r, buf.data());
+  kernels::dequantize_row(type, buf.data(), cols, out);
+}
+
+std::string PackedWeight::file_bytes() const {
+  std::string out(row_bytes * static_cast<size_t>(rows), '\0');
+  auto* dst = reinterpret_cast<uint8_t*>(out.data());
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (rows > 1024)
+  for (int64_t r = 0; r < rows; ++r) file_row(r, dst + static_cast<size_t>(r) * row_bytes);
+  return out;
+}
+
 namespace {
 
 // Runs fill(r) for every row in parallel; an error in any row is rethrown (the lowest row's),
@@ -106,6 +133,7 @@ std::shared_ptr<const PackedWeight> pack_rows(WType t, int64_t rows, int64_t col
       }
     });
   }
+  if (t == WType::Q4_0) kernels::q4_0_group_rows(static_cast<uint8_t*>(p->bytes->data()), rows, cols);
   return p;
 }
 
@@ -133,6 +161,7 @@ std::shared_ptr<const PackedWeight> packed_from_bytes(WType t, int64_t rows, int
       fail("row ", r, ": ", e.what());
     }
   });
+  if (t == WType::Q4_0) kernels::q4_0_group_rows(static_cast<uint8_t*>(p->bytes->data()), rows, cols);
   return p;
 }
 
@@ -444,15 +473,68 @@ QuantIsa quant_isa(Isa isa) {
 QuantIsa quant_isa_w16avx2() { return QKV_QUANT_TABLE(w16avx2, false); }
 #undef QKV_QUANT_TABLE
 
-void q4_lane_corrections(const int8_t* q, int64_t nb, int32_t* c) {
-  for (int64_t i = 0; i < nb * 8; ++i) c[i] = -8 * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+void q4_block_corrections(const int8_t* q, int64_t nb, int32_t* c) {
+  for (int64_t i = 0; i < nb; ++i) {
+    int32_t s = 0;
+    for (int64_t j = 0; j < kQBlock; ++j) s += q[i * kQBlock + j];
+    c[i] = -8 * s;
+  }
 }
 
-// Workspace: xd (nb floats), xq (K bytes), then for Q4_0 the lane corrections (8 int32 per block).
+namespace {
+
+// Group g's block i, and where row r (of 16) keeps its scale and its bytes 4k .. 4k + 3 there.
+uint8_t* group_block(uint8_t* W, int64_t K, int64_t g, int64_t i) {
+  return W + static_cast<size_t>(g) * kQ4Group * row_bytes(WType::Q4_0, K) + static_cast<size_t>(i) * kQ4GroupBlock;
+}
+constexpr size_t scale_at(int64_t r) { return static_cast<size_t>(2 * r); }
+constexpr size_t bytes_at(int64_t r, int64_t k) { return static_cast<size_t>(32 + 64 * k + 4 * r); }
+
+}  // namespace
+
+void q4_0_group_rows(uint8_t* W, int64_t N, int64_t K) {
+  const int64_t nb = K / kQBlock, groups = N / kQ4Group;
+  const size_t rb = row_bytes(WType::Q4_0, K);
+#pragma omp parallel num_threads(num_threads()) if (groups > 1)
+  {
+    std::vector<uint8_t> rows(kQ4Group * rb);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* base = W + static_cast<size_t>(g) * kQ4Group * rb;
+      std::memcpy(rows.data(), base, rows.size());
+      for (int64_t r = 0; r < kQ4Group; ++r) {
+        const auto* b = reinterpret_cast<const BlockQ4_0*>(rows.data() + static_cast<size_t>(r) * rb);
+        for (int64_t i = 0; i < nb; ++i) {
+          uint8_t* out = group_block(W, K, g, i);
+          std::memcpy(out + scale_at(r), &b[i].d, 2);
+          for (int64_t k = 0; k < 4; ++k) std::memcpy(out + bytes_at(r, k), b[i].q + 4 * k, 4);
+        }
+      }
+    }
+  }
+}
+
+void q4_0_file_row(const uint8_t* W, int64_t N, int64_t K, int64_t r, uint8_t* out) {
+  const size_t rb = row_bytes(WType::Q4_0, K);
+  check(r >= 0 && r < N, "q4_0_file_row: row ", r, " outside [0, ", N, ")");
+  if (r >= N / kQ4Group * kQ4Group) {
+    std::memcpy(out, W + static_cast<size_t>(r) * rb, rb);
+    return;
+  }
+  auto* b = reinterpret_cast<BlockQ4_0*>(out);
+  const int64_t g = r / kQ4Group, l = r % kQ4Group;
+  for (int64_t i = 0; i < K / kQBlock; ++i) {
+    const uint8_t* in = group_block(const_cast<uint8_t*>(W), K, g, i);
+    std::memcpy(&b[i].d, in + scale_at(l), 2);
+    for (int64_t k = 0; k < 4; ++k) std::memcpy(b[i].q + 4 * k, in + bytes_at(l, k), 4);
+  }
+}
+
+// Workspace: xd (nb floats), xq (K bytes), then for Q4_0 the block corrections (nb int32).
 size_t gemv_workspace_bytes(WType t, int64_t K) {
   if (t != WType::Q8_0 && t != WType::Q4_0) return 0;
   const size_t nb = static_cast<size_t>(K / kQBlock);
-  return nb * sizeof(float) + static_cast<size_t>(K) + (t == WType::Q4_0 ? nb * 8 * sizeof(int32_t) : 0);
+  return nb * sizeof(float) + static_cast<size_t>(K) + (t == WType::Q4_0 ? nb * sizeof(int32_t) : 0);
 }
 
 void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x,
@@ -481,7 +563,7 @@ void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t 
     k.quantize_blocks(x, nb, xd, xq);
     if (t == WType::Q4_0) {
       corr = reinterpret_cast<int32_t*>(xq + K);
-      q4_lane_corrections(xq, nb, corr);
+      q4_block_corrections(xq, nb, corr);
     }
   }
 #pragma omp parallel for num_threads(std::max(1, threads)) schedule(static) if (chunks > 1 && threads > 1)
@@ -538,8 +620,11 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
     for (int64_t k = 0; k < K; ++k) xa[k] = static_cast<double>(d[k / kQBlock]) * q[k];
   }
   std::vector<float> w(static_cast<size_t>(K));
+  std::vector<uint8_t> row(t == WType::Q4_0 ? rb : 0);
   for (int64_t n = 0; n < N; ++n) {
-    dequantize_row(t, static_cast<const uint8_t*>(W) + static_cast<size_t>(n) * rb, K, w.data());
+    const uint8_t* r = static_cast<const uint8_t*>(W) + static_cast<size_t>(n) * rb;
+    if (t == WType::Q4_0) q4_0_file_row(static_cast<const uint8_t*>(W), N, K, n, row.data()), r = row.data();
+    dequantize_row(t, r, K, w.data());
     double s = 0;
     for (int64_t k = 0; k < K; ++k) s += static_cast<double>(w[k]) * xa[k];
     y[n] = s;

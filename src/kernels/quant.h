@@ -94,11 +94,31 @@ int64_t first_nonfinite(WType t, const void* row, int64_t K);
 // so that its products are NaN, never a number. K must be a multiple of 32.
 void quantize_activations(const float* x, int64_t K, float* d, int8_t* q);
 
-// c[8 i + k] = -8 (q[32 i + 4 k] + ... + q[32 i + 4 k + 3]) for each block i of quantised
-// activations: what the Q4_0 products add back for the nibbles' offset of 8 (simd/lowp.h).
-void q4_lane_corrections(const int8_t* q, int64_t nb, int32_t* c);
+// c[i] = -8 (q[32 i] + ... + q[32 i + 31]) for each block i of quantised activations: what the
+// Q4_0 products add back for the nibbles' offset of 8 (their unsigned nibbles 0..15 are the
+// unsigned operand of the byte products as they are; simd/lowp.h).
+void q4_block_corrections(const int8_t* q, int64_t nb, int32_t* c);
 
-// y[n] = W[n, :] . x for n < N: W is N rows of row_bytes(t, K) bytes. Each y[n] is summed by
+// Q4_0 matrices in memory ("grouped"): the products of decoding read 16 rows at once, so each
+// whole group of 16 rows (rows 16 g .. 16 g + 15) is held as K / 32 group blocks of 16 x 18 =
+// 288 bytes, block i being
+//   the 16 rows' float16 scales d (32 bytes), then for c = 0..3 the 16 rows' bytes q[4c .. 4c+3]
+//   (64 bytes: row r's four at 4 r),
+// so that one 64-byte load holds four bytes of every row, the activations' matching bytes are one
+// broadcast, and every int32 lane of a byte product belongs to one row. The rows after the last
+// whole group (N % 16 of them) stay as files hold them. The matrix keeps its size, and files (GGUF,
+// qkv's safetensors) keep GGUF's row layout: loading groups the rows, writing ungroups them.
+constexpr int64_t kQ4Group = 16;
+constexpr size_t kQ4GroupBlock = kQ4Group * sizeof(BlockQ4_0);  // 288
+// N rows of K weights as files hold them -> grouped, in place (parallel over the groups).
+void q4_0_group_rows(uint8_t* W, int64_t N, int64_t K);
+// Row r of a grouped matrix of N rows, as files hold it (row_bytes(Q4_0, K) bytes).
+void q4_0_file_row(const uint8_t* W, int64_t N, int64_t K, int64_t r, uint8_t* out);
+
+// y[n] = W[n, :] . x for n < N: W is N rows of row_bytes(t, K) bytes (Q4_0: grouped, above; a
+// part of a grouped matrix starts at a multiple of 16 rows and ends at a multiple of 16 or at the
+// matrix's end). A Q4_0 row sums each block's products exactly in int32, P_i, and takes the
+// blocks in order, acc = fma(d_w,i * d_x,i, P_i, acc) from 0, on every ISA. Each y[n] is summed by
 // one thread in an order fixed by K (the rows are split across threads in fixed chunks): the
 // result depends on neither the thread count nor which other rows are computed. `workspace`
 // holds the quantised activations: gemv_workspace_bytes(t, K) bytes (0 for float types).
@@ -115,6 +135,7 @@ struct GemvPart {
 void gemv_parts(WType t, const GemvPart* parts, int64_t n_parts, int64_t K, const float* x, void* workspace,
                 int threads);
 // The twin: weights dequantised, activations quantised as gemv does (for Q8_0 / Q4_0), float64.
+// W as gemv takes it (Q4_0 grouped).
 void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y);
 
 // The per-ISA row products (quant_isa.cpp). xd, xq: the quantised activations (nb blocks).
@@ -136,7 +157,8 @@ QKV_DECLARE_QUANT_ISA(w16avx2)
 #undef QKV_DECLARE_QUANT_ISA
 
 struct QuantIsa {
-  // n rows of Q4_0 / Q8_0 at once (Q4_0 with the activations' per-lane corrections, q4_lane_corrections)
+  // n rows of Q4_0 / Q8_0 at once (Q4_0: a group of 16 grouped, or n < 16 rows as files hold them,
+  // with the activations' block corrections, q4_block_corrections)
   void (*rows_q4_0)(const uint8_t*, size_t, int64_t, const float*, const int8_t*, const int32_t*, int64_t, float*,
                     bool);
   void (*rows_q8_0)(const uint8_t*, size_t, int64_t, const float*, const int8_t*, const int32_t*, int64_t, float*,

@@ -371,7 +371,7 @@ void save_gguf_model(const Model& model, const Tokenizer* tok, const std::string
     const GgmlType gt = w ? ggml_of(w->type) : GgmlType::F32;
     const uint64_t rb = w ? w->row_bytes : static_cast<uint64_t>(cols) * 4;
     const Tensor keep = w ? Tensor() : p->var->value.contiguous();
-    const char* src = static_cast<const char*>(w ? w->bytes->data() : keep.raw_data());
+    const char* src = w ? nullptr : static_cast<const char*>(keep.raw_data());
     int64_t base = 0;
     for (const Part& part : r.parts) {
       GgufTensorBytes t;
@@ -380,8 +380,13 @@ void save_gguf_model(const Model& model, const Tokenizer* tok, const std::string
       t.type = gt;
       t.bytes.resize(rb * static_cast<uint64_t>(part.rows));
       for (int64_t x = 0; x < part.rows; ++x)  // parameter row base + x -> file row file_row(x)
-        std::memcpy(t.bytes.data() + static_cast<uint64_t>(file_row(x, part.heads, part.rows)) * rb,
-                    src + static_cast<uint64_t>(base + x) * rb, rb);
+      {
+        auto* dst = reinterpret_cast<uint8_t*>(t.bytes.data()) + static_cast<uint64_t>(file_row(x, part.heads, part.rows)) * rb;
+        if (w)
+          w->file_row(base + x, dst);
+        else
+          std::memcpy(dst, src + static_cast<uint64_t>(base + x) * rb, rb);
+      }
       base += part.rows;
       out.push_back(std::move(t));
     }

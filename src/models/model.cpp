@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <string>
 #include <utility>
@@ -576,12 +577,15 @@ void Model::load_state_dict(const std::vector<std::pair<std::string, Tensor>>& t
 namespace {
 
 // A packed matrix as a .safetensors entry: bf16 and f16 as BF16 / F16 (rows, cols), which every
-// safetensors reader understands; Q8_0 and Q4_0 as U8 (rows, row bytes) holding GGUF's blocks.
-SafetensorsEntry packed_entry(const std::string& name, const PackedWeight& w) {
+// safetensors reader understands; Q8_0 and Q4_0 as U8 (rows, row bytes) holding GGUF's blocks in
+// GGUF's row layout (a grouped Q4_0 matrix's rows ungrouped into `keep`, which must outlive the
+// entry).
+SafetensorsEntry packed_entry(const std::string& name, const PackedWeight& w, std::string& keep) {
   const bool half = w.type == WType::BF16 || w.type == WType::F16;
+  std::string_view bytes(static_cast<const char*>(w.bytes->data()), w.row_bytes * static_cast<size_t>(w.rows));
+  if (w.type == WType::Q4_0) bytes = keep = w.file_bytes();
   return {name, w.type == WType::BF16 ? "BF16" : w.type == WType::F16 ? "F16" : "U8",
-          {w.rows, half ? w.cols : static_cast<int64_t>(w.row_bytes)},
-          std::string_view(static_cast<const char*>(w.bytes->data()), w.row_bytes * static_cast<size_t>(w.rows))};
+          {w.rows, half ? w.cols : static_cast<int64_t>(w.row_bytes)}, bytes};
 }
 
 constexpr char kPackedKey[] = "qkv_packed";  // metadata: {"name": "q8_0", ...} as a JSON string
@@ -612,10 +616,11 @@ void Model::save(const std::string& dir) const {
   check(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), dir, ": exists and is not a directory");
   std::map<std::string, std::string> meta{{"format", "pt"}, {"qkv_format", "1"}};
   std::vector<SafetensorsEntry> entries;
+  std::deque<std::string> ungrouped;  // Q4_0 matrices' bytes in GGUF's row layout, while written
   nlohmann::json packed = nlohmann::json::object();
   for (const Parameter& p : params_) {
     if (p.var->packed) {
-      entries.push_back(packed_entry(p.name, *p.var->packed));
+      entries.push_back(packed_entry(p.name, *p.var->packed, ungrouped.emplace_back()));
       packed[p.name] = wtype_name(p.var->packed->type);
     } else {
       const Tensor& t = p.var->value;

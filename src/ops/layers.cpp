@@ -110,7 +110,7 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
 #pragma omp parallel for num_threads(threads) schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
         float* t = tile.data() + r * In;
-        kernels::dequantize_row(P.type, P.row(row_begin + r0 + r), In, t);
+        P.dequantize_row(row_begin + r0 + r, t);
         if (bf16) kernels::f32_to_bf16_n(t, tile_b.data() + r * In, In);
       }
       if (bf16) {
@@ -126,6 +126,12 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
     }
     return y;
   }
+  // a grouped Q4_0 matrix's rows [row_begin, row_end) as the row products take them: whole groups,
+  // then the matrix's own last rows
+  check(P.type != WType::Q4_0 ||
+            (row_begin % kernels::kQ4Group == 0 && (row_end == P.rows || row_end % kernels::kQ4Group == 0)),
+        "linear: rows [", row_begin, ", ", row_end, ") of a q4_0 weight of ", P.rows,
+        " rows do not start and end at multiples of ", kernels::kQ4Group, " (or its end)");
   std::vector<uint8_t> ws(kernels::gemv_workspace_bytes(P.type, In));
   for (int64_t i = 0; i < N; ++i) {
     kernels::gemv(P.type, P.row(row_begin), Out, In, Xp + i * In, Y + i * Out, ws.data(), threads);
@@ -310,7 +316,7 @@ Var embedding_packed(const Tensor& ids_in, const PackedWeight& P) {
   const int64_t* id = ids.data<int64_t>();
   float* out = y->value.data<float>();
 #pragma omp parallel for num_threads(detail::threads_for(N * C)) schedule(static)
-  for (int64_t i = 0; i < N; ++i) kernels::dequantize_row(P.type, P.row(id[i]), C, out + i * C);
+  for (int64_t i = 0; i < N; ++i) P.dequantize_row(id[i], out + i * C);
   return y;
 }
 
