@@ -136,11 +136,15 @@ std::vector<std::pair<std::string, QuantIsa>> tables() {
   }
   if (qkv::cpu_supports(Isa::AVX512)) {
     QuantIsa k = quant_isa(Isa::AVX512);
-    k.vnni = false;
+    k.vnni = false, k.bf16dp = false;
     t.emplace_back("avx512", k);
     if (cpu_has_avx512_vnni()) {
       k.vnni = true;
       t.emplace_back("avx512+vnni", k);
+    }
+    if (cpu_has_avx512_bf16()) {
+      k.bf16dp = true;
+      t.emplace_back("avx512+bf16", k);
     }
   }
   return t;
@@ -242,8 +246,11 @@ TEST(Quant, GemvAgainstItsFloat64TwinOnEveryIsa) {
     for (float& v : x) v = g(rng);
     std::vector<double> ref(static_cast<size_t>(c.N));
     gemv_reference(c.t, G.data(), c.N, c.K, x.data(), ref.data());
-    // the yardstick: a plain float32 loop over the same dequantised weights and activations
+    // the yardstick: a plain float32 loop over the same dequantised weights and activations (bf16:
+    // rounded to bf16, as gemv rounds them)
     std::vector<float> xa(x);
+    if (c.t == WType::BF16)
+      for (float& v : xa) v = bf16_to_f32(f32_to_bf16(v));
     if (c.t == WType::Q8_0 || c.t == WType::Q4_0) {
       std::vector<float> d(static_cast<size_t>(c.K / 32));
       std::vector<int8_t> q(static_cast<size_t>(c.K));

@@ -460,17 +460,24 @@ bool cpu_has_avx512_vnni() {
   return !(env && std::strcmp(env, "0") == 0);
 }
 
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512bf16")) return false;
+  const char* env = std::getenv("QKV_BF16_DOT");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
 QuantIsa quant_isa(Isa isa) {
-#define QKV_QUANT_TABLE(ns, v) \
-  QuantIsa { ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, ns::quantize_blocks, v }
+#define QKV_QUANT_TABLE(ns, v, dp) \
+  QuantIsa { ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, ns::quantize_blocks, v, dp }
   switch (isa) {
-    case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni());
-    case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false);
-    default: return QKV_QUANT_TABLE(generic, false);
+    case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni(), cpu_has_avx512_bf16());
+    case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false, false);
+    default: return QKV_QUANT_TABLE(generic, false, false);
   }
 }
 
-QuantIsa quant_isa_w16avx2() { return QKV_QUANT_TABLE(w16avx2, false); }
+QuantIsa quant_isa_w16avx2() { return QKV_QUANT_TABLE(w16avx2, false, false); }
 #undef QKV_QUANT_TABLE
 
 void q4_block_corrections(const int8_t* q, int64_t nb, int32_t* c) {
@@ -530,8 +537,10 @@ void q4_0_file_row(const uint8_t* W, int64_t N, int64_t K, int64_t r, uint8_t* o
   }
 }
 
-// Workspace: xd (nb floats), xq (K bytes), then for Q4_0 the block corrections (nb int32).
+// Workspace: xd (nb floats), xq (K bytes), then for Q4_0 the block corrections (nb int32); for
+// bf16 the activations rounded to bf16 (K values).
 size_t gemv_workspace_bytes(WType t, int64_t K) {
+  if (t == WType::BF16) return static_cast<size_t>(K) * sizeof(uint16_t);
   if (t != WType::Q8_0 && t != WType::Q4_0) return 0;
   const size_t nb = static_cast<size_t>(K / kQBlock);
   return nb * sizeof(float) + static_cast<size_t>(K) + (t == WType::Q4_0 ? nb * sizeof(int32_t) : 0);
@@ -555,6 +564,12 @@ void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t 
   float* xd = nullptr;
   int8_t* xq = nullptr;
   int32_t* corr = nullptr;
+  uint16_t* xb = nullptr;
+  if (t == WType::BF16) {
+    check(workspace != nullptr || K == 0, "gemv: bf16 needs a workspace of ", gemv_workspace_bytes(t, K), " bytes");
+    xb = static_cast<uint16_t*>(workspace);
+    k.round_bf16(x, xb, K);
+  }
   if (t == WType::Q8_0 || t == WType::Q4_0) {
     check(workspace != nullptr, "gemv: ", wtype_name(t), " needs a workspace of ", gemv_workspace_bytes(t, K),
           " bytes");
@@ -583,7 +598,7 @@ void gemv_parts_with(const QuantIsa& k, WType t, const GemvPart* parts, int64_t 
       const uint8_t* row = base + static_cast<size_t>(n) * rb;
       switch (t) {
         case WType::F32: break;  // refused above
-        case WType::BF16: y[n] = k.dot_bf16(reinterpret_cast<const uint16_t*>(row), x, K); break;
+        case WType::BF16: y[n] = k.dot_bf16(reinterpret_cast<const uint16_t*>(row), xb, K, k.bf16dp); break;
         case WType::F16: y[n] = k.dot_f16(reinterpret_cast<const uint16_t*>(row), x, K); break;
         case WType::Q8_0:
         case WType::Q4_0: break;  // above
@@ -611,8 +626,10 @@ void gemv_parts(WType t, const GemvPart* parts, int64_t n_parts, int64_t K, cons
 
 void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x, double* y) {
   const size_t rb = row_bytes(t, K);
-  // the activations as the kernel sees them: for Q8_0 and Q4_0, d * q per block
+  // the activations as the kernel sees them: for bf16 rounded to bf16, for Q8_0 and Q4_0 d * q per block
   std::vector<double> xa(x, x + K);
+  if (t == WType::BF16)
+    for (int64_t k = 0; k < K; ++k) xa[k] = bf16_to_f32(f32_to_bf16(x[k]));
   if (t == WType::Q8_0 || t == WType::Q4_0) {
     std::vector<float> d(static_cast<size_t>(K / kQBlock));
     std::vector<int8_t> q(static_cast<size_t>(K));

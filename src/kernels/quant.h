@@ -146,7 +146,7 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
   void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const int8_t* xq,        \
                  const int32_t* corr, int64_t nb, float* y, bool vnni);                            \
   float dot_f16(const uint16_t* w, const float* x, int64_t K);                                     \
-  float dot_bf16(const uint16_t* w, const float* x, int64_t K);                                    \
+  float dot_bf16(const uint16_t* w, const uint16_t* xb, int64_t K, bool dp);                      \
   void round_bf16(const float* x, uint16_t* out, int64_t n);                                       \
   void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q);                           \
   }
@@ -164,11 +164,13 @@ struct QuantIsa {
   void (*rows_q8_0)(const uint8_t*, size_t, int64_t, const float*, const int8_t*, const int32_t*, int64_t, float*,
                     bool);
   float (*dot_f16)(const uint16_t*, const float*, int64_t);
-  float (*dot_bf16)(const uint16_t*, const float*, int64_t);
+  // a bf16 row against the activations rounded to bf16 (dp: AVX512_BF16's vdpbf16ps)
+  float (*dot_bf16)(const uint16_t*, const uint16_t*, int64_t, bool);
   void (*round_bf16)(const float*, uint16_t*, int64_t);  // f32_to_bf16_n, compiled for the ISA
   // quantize_activations over nb blocks, bit for bit (vectorised on AVX-512)
   void (*quantize_blocks)(const float*, int64_t, float*, int8_t*);
   bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)
+  bool bf16dp = false;  // the bf16 products use AVX512_BF16's vdpbf16ps (else both widened, fma)
 };
 
 // The table for `isa` (the test-only w16avx2 too); `vnni` where the CPU has AVX512_VNNI and the
@@ -176,6 +178,7 @@ struct QuantIsa {
 QuantIsa quant_isa(Isa isa);
 QuantIsa quant_isa_w16avx2();
 bool cpu_has_avx512_vnni();
+bool cpu_has_avx512_bf16();  // unless QKV_BF16_DOT=0
 
 // gemv and gemv_parts with the given table (the tests run every ISA this CPU has).
 void gemv_with(const QuantIsa& k, WType t, const void* W, int64_t N, int64_t K, const float* x, float* y,

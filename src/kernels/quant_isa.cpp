@@ -14,7 +14,7 @@ void rows_q8_0(const uint8_t* W, size_t rb, int64_t n, const float* xd, const in
   simd::rows_q8_0(W, rb, n, xd, xq, corr, nb, y, vnni);
 }
 float dot_f16(const uint16_t* w, const float* x, int64_t K) { return simd::dot_f16(w, x, K); }
-float dot_bf16(const uint16_t* w, const float* x, int64_t K) { return simd::dot_bf16(w, x, K); }
+float dot_bf16(const uint16_t* w, const uint16_t* xb, int64_t K, bool dp) { return simd::dot_bf16(w, xb, K, dp); }
 void round_bf16(const float* x, uint16_t* out, int64_t n) { simd::round_bf16(x, out, n); }
 void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q) { simd::quantize_blocks(x, nb, d, q); }
 

@@ -92,12 +92,12 @@ inline float dot_f16_generic(const uint16_t* w, const float* x, int64_t K) {
   for (; k < K; ++k) a[0] += half_to_float(w[k]) * x[k];
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
-inline float dot_bf16_generic(const uint16_t* w, const float* x, int64_t K) {
+inline float dot_bf16_generic(const uint16_t* w, const uint16_t* x, int64_t K) {
   float a[4] = {0, 0, 0, 0};
   int64_t k = 0;
   for (; k + 4 <= K; k += 4)
-    for (int l = 0; l < 4; ++l) a[l] += kernels::bf16_to_f32(w[k + l]) * x[k + l];
-  for (; k < K; ++k) a[0] += kernels::bf16_to_f32(w[k]) * x[k];
+    for (int l = 0; l < 4; ++l) a[l] += kernels::bf16_to_f32(w[k + l]) * kernels::bf16_to_f32(x[k + l]);
+  for (; k < K; ++k) a[0] += kernels::bf16_to_f32(w[k]) * kernels::bf16_to_f32(x[k]);
   return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
@@ -389,8 +389,28 @@ inline float dot_f16(const uint16_t* w, const float* x, int64_t K) {
 #endif
 }
 
-inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
+// bf16 rows against the activations rounded to bf16 (kernels::gemv rounds them once): every
+// product is exact in float32 (8-bit significands), so the paths differ only in how they sum.
+// With AVX512_BF16, vdpbf16ps takes 32 pairs a step (Intel's rounding: each pair added to its
+// lane in turn, nearest even, denormal inputs and results flushed to zero); elsewhere both are
+// widened (a shift) and summed by fma in four float32 accumulators.
 #if defined(__AVX512F__)
+__attribute__((target("avx512bf16,avx512bw,avx512f"))) inline float dot_bf16_dp(const uint16_t* w, const uint16_t* x,
+                                                                                int64_t K) {
+  __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  const auto bh = [](const uint16_t* p) { return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p)); };
+  int64_t k = 0;
+  for (; k + 128 <= K; k += 128)
+    for (int l = 0; l < 4; ++l) a[l] = _mm512_dpbf16_ps(a[l], bh(w + k + 32 * l), bh(x + k + 32 * l));
+  for (; k + 32 <= K; k += 32) a[0] = _mm512_dpbf16_ps(a[0], bh(w + k), bh(x + k));
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * kernels::bf16_to_f32(x[k]);
+  return s;
+}
+#endif
+inline float dot_bf16(const uint16_t* w, const uint16_t* x, int64_t K, bool dp) {
+#if defined(__AVX512F__)
+  if (dp) return dot_bf16_dp(w, x, K);
   auto widen = [](const uint16_t* p) {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
@@ -398,12 +418,13 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
   __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t k = 0;
   for (; k + 64 <= K; k += 64)
-    for (int l = 0; l < 4; ++l) a[l] = _mm512_fmadd_ps(widen(w + k + 16 * l), _mm512_loadu_ps(x + k + 16 * l), a[l]);
-  for (; k + 16 <= K; k += 16) a[0] = _mm512_fmadd_ps(widen(w + k), _mm512_loadu_ps(x + k), a[0]);
+    for (int l = 0; l < 4; ++l) a[l] = _mm512_fmadd_ps(widen(w + k + 16 * l), widen(x + k + 16 * l), a[l]);
+  for (; k + 16 <= K; k += 16) a[0] = _mm512_fmadd_ps(widen(w + k), widen(x + k), a[0]);
   float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
-  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * x[k];
+  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * kernels::bf16_to_f32(x[k]);
   return s;
 #elif defined(__AVX2__)
+  (void)dp;
   auto widen = [](const uint16_t* p) {
     return _mm256_castsi256_ps(
         _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
@@ -411,12 +432,13 @@ inline float dot_bf16(const uint16_t* w, const float* x, int64_t K) {
   __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t k = 0;
   for (; k + 32 <= K; k += 32)
-    for (int l = 0; l < 4; ++l) a[l] = _mm256_fmadd_ps(widen(w + k + 8 * l), _mm256_loadu_ps(x + k + 8 * l), a[l]);
-  for (; k + 8 <= K; k += 8) a[0] = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a[0]);
+    for (int l = 0; l < 4; ++l) a[l] = _mm256_fmadd_ps(widen(w + k + 8 * l), widen(x + k + 8 * l), a[l]);
+  for (; k + 8 <= K; k += 8) a[0] = _mm256_fmadd_ps(widen(w + k), widen(x + k), a[0]);
   float s = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
-  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * x[k];
+  for (; k < K; ++k) s += kernels::bf16_to_f32(w[k]) * kernels::bf16_to_f32(x[k]);
   return s;
 #else
+  (void)dp;
   return dot_bf16_generic(w, x, K);
 #endif
 }
