@@ -65,6 +65,23 @@ run_qkv(0 out err train --out "${w}/tr" --resume --steps 6)
 expect_contains("${out}" "nothing to do: the run in ${w}/tr is already at step 6" "train --resume at its limit")
 run_qkv(2 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/tr" --tokenizer byte --steps 2)
 expect_contains("${err}" "already holds a training run" "train into a used --out")
+# --subword-alpha: each epoch's training pairs segmented afresh by SentencePiece's sampling; kept
+# in train.json, so --resume continues with it; refused where it cannot run
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/sw" --vocab 300 --steps 5
+        --max-tokens 4096 --seed 3 --subword-alpha 0.2)
+expect_contains("${out}" "trained 5 steps (" "train --subword-alpha")
+file(READ "${w}/sw/train.json" sw_json)
+expect_contains("${sw_json}" "\"subword_alpha\": 0.2" "train.json keeps --subword-alpha")
+run_qkv(0 out err train --out "${w}/sw" --resume --steps 7)
+expect_contains("${out}" "trained 2 more steps (7 in all" "train --resume with --subword-alpha")
+expect_error("--subword-alpha with the byte tokenizer" "a byte tokenizer cannot sample segmentations"
+             train --task translate --data "${w}/pairs.tsv" --out "${w}/sw2" --tokenizer byte --steps 1
+             --subword-alpha 0.1)
+expect_error("--subword-alpha above 1" "--subword-alpha" train --task translate --data "${w}/pairs.tsv"
+             --out "${w}/sw3" --steps 1 --subword-alpha 1.5)
+expect_error("--subword-alpha for a language model" "subword sampling is for --task translate"
+             train --task lm --data "${w}/text.txt" --out "${w}/sw4" --vocab 300 --max-len 16 --steps 1
+             --subword-alpha 0.1)
 # --train-only: more pairs for training only; near-copies of held-out pairs (case and punctuation
 # aside) are left out. The extra file holds the corpus's 120 pairs upper-cased without their full
 # stops, and 3 new pairs: of these 123, the 4 that copy a validation or test pair are left out.

@@ -413,6 +413,53 @@ TEST(Task, PooledRunResumesExactly) {
   EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"));
 }
 
+// Subword sampling (LoopConfig::resample): each epoch trains on the examples resample gives for
+// it, asked for once as the epoch begins, and a resumed run asks for the same epochs' examples
+// and ends bitwise where the uninterrupted one did.
+TEST(Task, ResampledEpochsTrainAndResumeExactly) {
+  const Task task = Task::Translate;
+  const std::vector<Example> train = make_examples(task, 24, 41), valid = make_examples(task, 6, 42);
+  // epoch e: each example's target shifted by e positions (other tokens, other lengths for some)
+  std::vector<int64_t> asked;
+  const auto resample = [&](int64_t epoch, const std::vector<Example>& given) {
+    asked.push_back(epoch);
+    EXPECT_EQ(given.size(), train.size());
+    std::vector<Example> out(given);
+    for (size_t i = 0; i < out.size(); ++i)
+      if ((i + static_cast<size_t>(epoch)) % 3 == 0 && out[i].tgt.size() > 2) out[i].tgt.erase(out[i].tgt.begin());
+    return out;
+  };
+  LoopConfig lc = loop(0);
+  lc.max_epochs = 3;
+  lc.eval_every = 0;
+  lc.resample = resample;
+  TempDir straight("resample_a"), plain("resample_p"), split("resample_b");
+  int64_t steps = 0;
+  {
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    steps = run_training(t, task, train, valid, straight.path().string(), lc, false).steps;
+  }
+  // each epoch once, as it begins (and epoch 3, planned as the loop reaches its limit)
+  EXPECT_EQ(asked, (std::vector<int64_t>{0, 1, 2, 3}));
+  {
+    LoopConfig without = lc;
+    without.resample = nullptr;
+    Model m(config_for(task));
+    m.init(1);
+    Trainer t(m, train_config());
+    run_training(t, task, train, valid, plain.path().string(), without, false);
+  }
+  EXPECT_NE(read_bytes(straight / "checkpoint.safetensors"), read_bytes(plain / "checkpoint.safetensors"))
+      << "the resampled examples were not trained on";
+  asked.clear();
+  run_stopped(task, train, valid, split.path(), lc, steps / 2);
+  run_resumed(task, train, valid, split.path(), lc);
+  EXPECT_EQ(read_bytes(straight / "checkpoint.safetensors"), read_bytes(split / "checkpoint.safetensors"));
+  EXPECT_GE(asked.size(), 3u);
+}
+
 // Checkpoint averaging: the last N validations' weights are kept as snapshots (so also across a
 // resume), and their mean, if it validates better than every single one, is the model.
 // Without eval_every, eval_every_seconds validates by the clock instead of at each epoch's end:

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <iostream>
@@ -512,6 +513,42 @@ TEST(SentencePiece, TrainingIsDeterministic) {
   a->save(da.path().string());
   b->save(db.path().string());
   EXPECT_EQ(read_bytes(da / "tokenizer.model"), read_bytes(db / "tokenizer.model"));
+}
+
+// Subword sampling: a drawn segmentation decodes to the text; the same seed draws the same ids
+// (also on another thread, and after other draws), other seeds other ids; alpha outside (0, 1]
+// and tokenizers without sampling are refused by name.
+TEST(SentencePiece, SampledSegmentationsAreReproducibleAndDecodeToTheText) {
+  qkv::SentencePieceTrainOptions opt;
+  opt.vocab_size = 400;
+  opt.threads = 1;
+  const auto tok = qkv::train_sentencepiece(corpus(), opt);
+  ASSERT_TRUE(tok->can_sample());
+  const std::vector<std::string> texts(kNormalText.begin(), kNormalText.end());
+  const auto a = tok->encode_sampled(texts, 0.1, 7);
+  ASSERT_EQ(a.size(), texts.size());
+  for (size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(tok->decode(a[i]), texts[i]) << i;
+  (void)tok->encode_sampled(texts, 0.1, 8);
+  std::vector<std::vector<int32_t>> on_thread;
+  std::thread([&] { on_thread = tok->encode_sampled(texts, 0.1, 7); }).join();
+  EXPECT_EQ(tok->encode_sampled(texts, 0.1, 7), a);
+  EXPECT_EQ(on_thread, a);
+  // a draw differs from the best segmentation and from other seeds' somewhere
+  int differs_from_best = 0, differs_by_seed = 0;
+  for (uint32_t seed = 1; seed <= 8; ++seed) {
+    const auto b = tok->encode_sampled(texts, 0.1, seed);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      differs_from_best += b[i] != tok->encode(texts[i]);
+      differs_by_seed += seed != 7 && b[i] != a[i];
+    }
+  }
+  EXPECT_GT(differs_from_best, 0);
+  EXPECT_GT(differs_by_seed, 0);
+  expect_mentions(error_of([&] { tok->encode_sampled(texts, 0.0, 1); }), {"sampling alpha 0", "(0, 1]"});
+  expect_mentions(error_of([&] { tok->encode_sampled(texts, std::nan(""), 1); }), {"sampling alpha nan"});
+  expect_mentions(error_of([&] { tok->encode_sampled({"ok \xED\xA0\x80"}, 0.1, 1); }), {"not valid UTF-8"});
+  expect_mentions(error_of([] { qkv::make_byte_tokenizer()->encode_sampled({"x"}, 0.1, 1); }),
+                  {"byte tokenizer has no sampled segmentations"});
 }
 
 TEST(SentencePiece, RejectsBadOptionsSentencesAndModels) {

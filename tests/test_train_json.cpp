@@ -18,7 +18,8 @@ TEST(TrainJson, ReadsWhatQkvTrainWrites) {
   read_train_json(R"({"task": "lm", "data": "kjv.txt", "source": "", "target": "", "preset": "small",
                       "config": "", "tokenizer": "", "spm_type": "unigram", "vocab": 0, "max_tokens": 6144,
                       "max_len": 256, "valid_fraction": 0.02, "test_fraction": 0, "seed": 18446744073709551615,
-                      "lr": 0.0, "warmup": -1, "dropout": -1.0, "label_smoothing": -1.0, "eval_every": 0})",
+                      "lr": 0.0, "warmup": -1, "dropout": -1.0, "label_smoothing": -1.0, "eval_every": 0,
+                      "subword_alpha": 0.5})",
                   "train.json", o);
   EXPECT_EQ(o.task, "lm");
   EXPECT_EQ(o.data, "kjv.txt");
@@ -28,6 +29,7 @@ TEST(TrainJson, ReadsWhatQkvTrainWrites) {
   EXPECT_EQ(o.eval_every, 0);
   EXPECT_EQ(o.test_fraction, 0);
   EXPECT_EQ(o.seed, UINT64_MAX);
+  EXPECT_EQ(o.subword_alpha, 0.5);
   // Absent keys keep what was given.
   RunOptions p;
   p.data = "given.tsv";
@@ -97,6 +99,9 @@ TEST(TrainJson, ErrorsNameTheFileAndKey) {
             std::string::npos);
   EXPECT_NE(error(R"({"seed": -1})").find("\"seed\" is -1 (expected an integer from 0 to 2^64-1)"), std::string::npos);
   EXPECT_NE(error(R"({"seed": "1"})").find("\"seed\" is \"1\""), std::string::npos);
+  EXPECT_NE(error(R"({"subword_alpha": 1.5})").find("\"subword_alpha\" is 1.5 (expected 0 or a number in (0, 1])"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"subword_alpha": "0.1"})").find("\"subword_alpha\" is \"0.1\""), std::string::npos);
 }
 
 }  // namespace

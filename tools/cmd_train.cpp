@@ -223,6 +223,7 @@ std::string precision_label(Precision p) {
 json options_json(const Options& o, int64_t tokenizer_vocab) {
   return {{"task", o.task},         {"data", o.data},         {"source", o.source},
           {"target", o.target},     {"train_only", o.train_only}, {"train_only_ratio", o.train_only_ratio},
+          {"subword_alpha", o.subword_alpha},
           {"preset", o.preset},     {"config", o.config},
           {"tokenizer", o.tokenizer}, {"spm_type", o.spm_type}, {"vocab", o.vocab},
           {"max_tokens", o.max_tokens}, {"max_len", o.max_len}, {"valid_fraction", o.valid_fraction},
@@ -333,7 +334,36 @@ struct Prepared {
   int64_t core = 0, pool_per_epoch = 0;  // --train-only-ratio: the split's examples, and the pool's per epoch
   std::unique_ptr<Tokenizer> tok;
   std::vector<std::string> labels;
+  std::function<std::vector<Example>(int64_t, const std::vector<Example>&)> resample;  // --subword-alpha
 };
+
+// --subword-alpha: epoch e's training pairs segmented afresh by the tokenizer's sampling, from a
+// seed of (--seed, e); the training split's pairs only (--train-only's stay as they are), and a
+// pair whose sampled tokens exceed max_len keeps its usual ones.
+std::function<std::vector<Example>(int64_t, const std::vector<Example>&)> subword_sampler(
+    const RawData& train_raw, const std::vector<size_t>& kept, const Tokenizer& tok, int64_t max_len, double alpha,
+    uint64_t seed) {
+  auto texts = std::make_shared<std::vector<std::string>>();  // the kept pairs' sources, then their targets
+  for (size_t i : kept) texts->push_back(train_raw.pairs[i].source);
+  for (size_t i : kept) texts->push_back(train_raw.pairs[i].target);
+  return [texts, &tok, max_len, alpha, seed](int64_t epoch, const std::vector<Example>& given) {
+    uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(epoch + 1);  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const std::vector<std::vector<int32_t>> ids = tok.encode_sampled(*texts, alpha, static_cast<uint32_t>(z));
+    const size_t n = texts->size() / 2;
+    std::vector<Example> out(given);
+    for (size_t i = 0; i < n && i < out.size(); ++i) {
+      Example e;
+      e.src = source_ids(tok, ids[i]);
+      e.tgt = ids[n + i];
+      e.tgt.push_back(tok.eos_id());
+      if (static_cast<int64_t>(std::max(e.src.size(), e.tgt.size())) <= max_len) out[i] = std::move(e);
+    }
+    return out;
+  };
+}
 
 // Reads and checks everything the run needs; 130 when a stop was asked for on the way (nothing
 // written), else 0.
@@ -498,6 +528,14 @@ int prepare(Options& o, const StopRequest& stop, Prepared& out) {
   Encoded train = encode_task(task, train_raw, *tok, o.max_len, labels);
   check(!train.examples.empty(), train_raw.describe(), ": no training examples left (all longer than --max-len ",
         o.max_len, "?)");
+  if (o.subword_alpha > 0) {
+    check(task == Task::Translate, "--subword-alpha: subword sampling is for --task translate");
+    check(!(launched_by_mpi() && o.parts > 1), "--subword-alpha: subword sampling runs in one process, not under "
+          "mpirun (rank 0 alone holds the data)");
+    check(tok->can_sample(), "--subword-alpha: a ", tok->type(),
+          " tokenizer cannot sample segmentations; it needs a SentencePiece model (qkv's own, the default)");
+    out.resample = subword_sampler(train_raw, train.kept, *tok, o.max_len, o.subword_alpha, o.seed);
+  }
   if (!train.note.empty()) std::fprintf(stderr, "qkv train: note: %s\n", train.note.c_str());
   // --train-only's examples follow the split's: out.core counts the split's
   out.core = static_cast<int64_t>(train.examples.size());
@@ -740,6 +778,7 @@ int run(Options o) {
   lc.stop = &stop.flag();
   lc.parts = o.parts;
   lc.average = o.average;
+  lc.resample = prep.resample;
   if (o.train_only_ratio > 0) {
     lc.core = prep.core;
     lc.pool_per_epoch = prep.pool_per_epoch;
@@ -830,6 +869,11 @@ Runner add_train(CLI::App& app) {
                 "--train-only records, the next R times as many as the split has (cycling through them); default: "
                 "all of them every epoch")
       ->transform(finite(0.001, 1000));
+  c->add_option("--subword-alpha", o->subword_alpha,
+                "Subword sampling (translate, SentencePiece): each epoch segments the training pairs afresh, "
+                "sampling each text's segmentation with probability proportional to P^A (unigram; BPE: merge "
+                "dropout A); validation and test keep the usual tokens (default 0: off)")
+      ->transform(finite(0.0, 1.0));
   c->add_option("--out", o->out, "The model directory to write (created)")->required();
   c->add_option("--preset", o->preset, "Model size: tiny, small or base (the 2017 base model)")
       ->check(CLI::IsMember({"tiny", "small", "base"}));

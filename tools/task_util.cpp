@@ -240,6 +240,7 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
   switch (task) {
     case Task::Translate:
       for (const TextPair& p : d.pairs) {
+        const size_t index = static_cast<size_t>(&p - d.pairs.data());
         Example e;
         e.src = source_ids(tok, tok.encode(p.source));
         e.tgt = tok.encode_target(p.target);
@@ -249,6 +250,7 @@ Encoded encode_task(Task task, const RawData& d, const Tokenizer& tok, int64_t m
           continue;
         }
         out.examples.push_back(std::move(e));
+        out.kept.push_back(index);
       }
       break;
     case Task::Classify:

@@ -79,6 +79,7 @@ struct Encoded {
   int64_t unknown_labels = 0;  // classify with skip_unknown_labels: records left out
   int64_t window = 0;          // lm: the window used (max_len, or less for a short text)
   std::string note;            // what was done differently from what was asked, for the user
+  std::vector<size_t> kept;    // translate: the index in d.pairs of each example
 };
 // Token ids: translate src/tgt + eos (pairs over max_len dropped); lm: lines + eos packed into
 // windows of max_len + 1 (a text shorter than that gives one window of all its tokens, and a

@@ -84,6 +84,12 @@ void read_train_json(const std::string& text, const std::string& path, RunOption
           " (expected 0 or a number from 0.001 to 1000)");
     r.train_only_ratio = v;
   }
+  if (const auto it = j.find("subword_alpha"); it != j.end()) {
+    const double v = it->is_number() ? it->get<double>() : -1;
+    check(it->is_number() && v >= 0 && v <= 1, path, ": \"subword_alpha\" is ", show(*it),
+          " (expected 0 or a number in (0, 1])");
+    r.subword_alpha = v;
+  }
   if (const auto it = j.find("seed"); it != j.end()) {
     check(it->is_number_unsigned(), path, ": \"seed\" is ", show(*it), " (expected an integer from 0 to 2^64-1)");
     r.seed = it->get<uint64_t>();

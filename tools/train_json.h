@@ -21,6 +21,7 @@ struct RunOptions {
   int64_t average = 0;  // checkpoint averaging over the last N validations (0: off)
   double valid_fraction = 0.02, test_fraction = 0.02;
   double train_only_ratio = 0;  // 0: every --train-only record every epoch
+  double subword_alpha = 0;     // subword sampling (0: off)
   uint64_t seed = 1;
   std::vector<DataFile> data_files;  // as read back ("data_files"); written by qkv train
   bool data_files_given = false;     // train.json has "data_files" (older ones do not)
@@ -35,7 +36,7 @@ struct RunOptions {
 // back) are ignored. A qkv::Error names the file and the key for: text that is not a JSON
 // object (a NUL byte included), a key that appears twice, or a value of the wrong type or outside what `qkv train`
 // accepts: task translate|lm|classify, preset tiny|small|base, data/source/target strings,
-// max_tokens 0 or 1..2^24, max_len 0 or 2..2^20, train_only a string, train_only_ratio 0 or 0.001..1000, average 0..1000, eval_every 0..2^30, init a string (read into
+// max_tokens 0 or 1..2^24, max_len 0 or 2..2^20, train_only a string, train_only_ratio 0 or 0.001..1000, subword_alpha 0 or (0, 1], average 0..1000, eval_every 0..2^30, init a string (read into
 // init_recorded), tokenizer_vocab 0 or 1..2^31-1, valid_fraction and
 // test_fraction in [0, 0.5], seed an integer in 0..2^64-1, data_files an array of
 // {"path": string, "bytes": integer, "fnv1a64": 16 hex digits}.

@@ -80,6 +80,11 @@ struct LoopConfig {
   // ends, their mean (summed in double) is validated, and it becomes the model directory's
   // weights if its loss is below the best single one. 0 or 1: off.
   int64_t average = 0;
+  // Subword sampling: when set, the training examples of epoch e are resample(e, train) (as many
+  // as `train`, in its order: the same records, other segmentations), drawn when the epoch
+  // begins; validation keeps its examples. A function of e and train alone, so a resumed run
+  // sees what the uninterrupted one saw. One process only (not with a communicator).
+  std::function<std::vector<Example>(int64_t epoch, const std::vector<Example>& train)> resample;
 };
 
 struct LoopProgress {

@@ -41,6 +41,15 @@ class Tokenizer {
   // The text's tokens, without special tokens (Hugging Face's add_special_tokens=False). Throws
   // qkv::Error naming the byte offset when `text` is not valid UTF-8.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // One segmentation of each text drawn at random (subword regularisation, Kudo 2018): a
+  // SentencePiece unigram model samples from each text's lattice of segmentations with
+  // probability proportional to P(segmentation)^alpha (alpha in (0, 1]; smaller is more varied),
+  // a SentencePiece BPE model drops each merge with probability alpha. Reproducible: the same
+  // texts, alpha and seed give the same ids (every call draws from a generator of its own, seeded
+  // with `seed`). Only kinds with can_sample(); the others refuse.
+  virtual std::vector<std::vector<int32_t>> encode_sampled(const std::vector<std::string>& texts, double alpha,
+                                                           uint32_t seed) const;
+  virtual bool can_sample() const { return false; }
   // A target-side text (a translation's reference): Marian encodes it with its target model.
   virtual std::vector<int32_t> encode_target(std::string_view text) const { return encode(text); }
   // `ids` of one sequence with the special tokens the tokenizer puts around a model's input

@@ -4,12 +4,15 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 
 #include "io/json_strict.h"
@@ -93,6 +96,35 @@ class SentencePieceTokenizer final : public Tokenizer {
     check(status.ok(), "SentencePiece tokenizer: encode failed: ", status_text(status, "no reason given"));
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
+
+  // SentencePiece draws from a generator of each thread's own, seeded from the process-wide
+  // SetRandomGeneratorSeed when the thread first samples: so each call samples on a new thread,
+  // after setting the seed, and its draws depend on `seed` alone.
+  std::vector<std::vector<int32_t>> encode_sampled(const std::vector<std::string>& texts, double alpha,
+                                                   uint32_t seed) const override {
+    check(std::isfinite(alpha) && alpha > 0 && alpha <= 1, "SentencePiece tokenizer: sampling alpha ", alpha,
+          " is outside (0, 1]");
+    for (const std::string& t : texts) check_utf8(t, "SentencePiece tokenizer: text to encode");
+    std::vector<std::vector<int32_t>> out(texts.size());
+    std::string failure;
+    static std::mutex one_at_a_time;  // the seed is process-wide
+    const std::lock_guard<std::mutex> lock(one_at_a_time);
+    // (SentencePiece takes the seed 2^32 - 1 as "none given")
+    sentencepiece::SetRandomGeneratorSeed(seed == 0xffffffffu ? 0u : seed);
+    std::thread worker([&] {
+      std::vector<int> ids;
+      for (size_t i = 0; i < texts.size() && failure.empty(); ++i) {
+        // nbest_size -1: sample from every segmentation of the lattice (unigram); BPE: merge dropout
+        const auto status = sp_->SampleEncode(texts[i], -1, static_cast<float>(alpha), &ids);
+        if (!status.ok()) failure = status_text(status, "no reason given");
+        out[i].assign(ids.begin(), ids.end());
+      }
+    });
+    worker.join();
+    check(failure.empty(), "SentencePiece tokenizer: sampled encode failed: ", failure);
+    return out;
+  }
+  bool can_sample() const override { return true; }
 
   // SentencePiece drops control pieces (pad, bos, eos) itself and joins byte pieces.
   std::string decode(const std::vector<int32_t>& ids) const override {

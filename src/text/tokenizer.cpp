@@ -270,6 +270,12 @@ std::vector<int32_t> encode_input(const Tokenizer& tok, std::string_view text, i
   return tok.with_special_tokens(ids);
 }
 
+std::vector<std::vector<int32_t>> Tokenizer::encode_sampled(const std::vector<std::string>& texts, double alpha,
+                                                             uint32_t seed) const {
+  (void)texts, (void)alpha, (void)seed;
+  fail("a ", type(), " tokenizer has no sampled segmentations (subword sampling needs a SentencePiece model)");
+}
+
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json, const std::string& vocab_bpe) {

@@ -434,7 +434,7 @@ class DataSource {
  public:
   DataSource(Task task, const ModelConfig& cfg, const std::vector<Example>& train, const std::vector<Example>& valid,
              const LoopConfig& config, Communicator* comm)
-      : task_(task), cfg_(cfg), train_(train), valid_(valid), config_(config), comm_(comm),
+      : task_(task), cfg_(cfg), given_(train), train_(&train), valid_(valid), config_(config), comm_(comm),
         lead_(!comm || comm->rank() == 0) {
     lengths_ = lead_ ? lengths_of(task, train) : std::vector<int64_t>{};
     n_valid_ = static_cast<int64_t>(valid.size());
@@ -467,7 +467,16 @@ class DataSource {
 
   int64_t parts() const { return parts_; }
   bool has_validation() const { return n_valid_ > 0; }
-  BatchPlan plan(int64_t epoch) const {
+  // Epoch `epoch`'s batches (with subword sampling, first its examples: LoopConfig::resample).
+  BatchPlan plan(int64_t epoch) {
+    if (config_.resample && sampled_epoch_ != epoch) {
+      sampled_ = config_.resample(epoch, given_);
+      check(sampled_.size() == given_.size(), "train: internal: resampling gave ", sampled_.size(), " examples for ",
+            given_.size());
+      train_ = &sampled_;
+      lengths_ = lengths_of(task_, sampled_);
+      sampled_epoch_ = epoch;
+    }
     return plan_epoch(lengths_, config_.max_tokens, config_.seed, epoch, core_, pool_per_epoch_);
   }
 
@@ -477,7 +486,7 @@ class DataSource {
     const std::vector<int64_t>& global = plan.batches[static_cast<size_t>(at)];
     std::vector<Batch> micro;
     if (parts_ == 1) {
-      micro.push_back(make_batch(cfg_, task_, train_, global));
+      micro.push_back(make_batch(cfg_, task_, *train_, global));
       return micro;
     }
     for (int64_t part = 0; part < parts_; ++part) {
@@ -527,7 +536,7 @@ class DataSource {
     }
     for (auto& n : need) std::sort(n.begin(), n.end());
     if (lead_) {
-      for (int r = 1; r < comm_->size(); ++r) comm_->send_string(pack_examples(train_, need[static_cast<size_t>(r)]), r);
+      for (int r = 1; r < comm_->size(); ++r) comm_->send_string(pack_examples(*train_, need[static_cast<size_t>(r)]), r);
     } else {
       held_.clear();
       held_index_ = std::move(need[static_cast<size_t>(comm_->rank())]);
@@ -537,7 +546,7 @@ class DataSource {
   }
   // A part's batch from the examples this rank holds.
   Batch batch_of(const std::vector<int64_t>& idx) const {
-    if (lead_) return make_batch(cfg_, task_, train_, idx);
+    if (lead_) return make_batch(cfg_, task_, *train_, idx);
     std::vector<int64_t> local;
     for (int64_t i : idx) {
       const auto at = std::lower_bound(held_index_.begin(), held_index_.end(), i);
@@ -550,7 +559,10 @@ class DataSource {
 
   Task task_;
   const ModelConfig& cfg_;
-  const std::vector<Example>& train_;
+  const std::vector<Example>& given_;
+  const std::vector<Example>* train_;  // the examples given, or this epoch's resampled ones
+  std::vector<Example> sampled_;
+  int64_t sampled_epoch_ = -1;
   const std::vector<Example>& valid_;
   const LoopConfig& config_;
   Communicator* comm_;
@@ -664,6 +676,7 @@ LoopResult run_training(Trainer& trainer, Task task, const std::vector<Example>&
         comm ? comm->size() : 1, " ranks: with a communicator the parts are the ranks");
   check(comm || config.parts <= 1 || trainer.config().token_mean,
         "train: parts > 1 need token_mean (one process accumulating what N ranks compute)");
+  check(!comm || !config.resample, "train: subword sampling runs in one process, not with ranks (mpirun)");
   Model& model = trainer.model();
   const std::string ckpt = out_dir + "/checkpoint.safetensors";
   const double nan = std::numeric_limits<double>::quiet_NaN();
