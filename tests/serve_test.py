@@ -6,6 +6,8 @@
 Trains three tiny models (a language model, a translator, a classifier; a few steps each), starts
 `qkv serve` on free ports, and checks:
 
+  * CORS (--cors-origin): preflights and Access-Control-Allow-Origin for the origins given only;
+    /v1/models/{id} (models.retrieve) and its 404 model_not_found;
   * the routes: /health, /v1/models, /v1/completions (plain and streamed as server-sent events
     ending in [DONE]; n, stop, logprobs, echo, seed), /v1/next-token, /v1/translations,
     /v1/classifications, each answer's JSON checked field by field;
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 
 KEY = "test-key-123"
 
@@ -124,6 +127,82 @@ class Server:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def headed(s, method, path, headers, body=None):
+    """(status, response headers with lower-cased names, body as parsed JSON or text)."""
+    c = http.client.HTTPConnection(s.host, s.port, timeout=120)
+    c.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+    r = c.getresponse()
+    text = r.read().decode("utf-8")
+    h = {k.lower(): v for k, v in r.getheaders()}
+    c.close()
+    try:
+        return r.status, h, json.loads(text)
+    except ValueError:
+        return r.status, h, text
+
+
+def cors_checks(ck, qkv, lm):
+    """--cors-origin: preflights answered without a key for the origins given, their answers (errors
+    and streams too) carrying Access-Control-Allow-Origin; other origins get nothing; a bad origin
+    is refused at start. And /v1/models/{id} (OpenAI's models.retrieve)."""
+    app, other = "http://localhost:3000", "http://evil.example"
+    s = Server(qkv, lm, "--api-key", KEY, "--cors-origin", app, "--cors-origin", "https://app.example:8443")
+    try:
+        pre = {"Origin": app, "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization,content-type"}
+        st, h, _ = headed(s, "OPTIONS", "/v1/completions", pre)
+        ck.report(st == 204 and h.get("access-control-allow-origin") == app and
+                  "POST" in h.get("access-control-allow-methods", "") and
+                  h.get("access-control-allow-headers") == "authorization,content-type" and
+                  h.get("vary") == "Origin", "CORS preflight from an allowed origin: 204 without a key", (st, h))
+        st, h, b = headed(s, "OPTIONS", "/v1/completions", dict(pre, Origin=other))
+        ck.report(st == 401 and "access-control-allow-origin" not in h,
+                  "CORS preflight from another origin: no CORS headers (the key check answers)", (st, h, b))
+        auth = {"Authorization": "Bearer " + KEY}
+        st, h, b = headed(s, "GET", "/v1/models", dict(auth, Origin="https://app.example:8443"))
+        ck.report(st == 200 and h.get("access-control-allow-origin") == "https://app.example:8443",
+                  "an allowed origin's request carries Access-Control-Allow-Origin", (st, h))
+        st, h, b = headed(s, "GET", "/v1/models", dict(auth, Origin=other))
+        ck.report(st == 200 and "access-control-allow-origin" not in h, "another origin's request: no CORS header", h)
+        st, h, b = headed(s, "GET", "/v1/models", {"Origin": app})
+        ck.report(st == 401 and h.get("access-control-allow-origin") == app,
+                  "an allowed origin can read its 401", (st, h, b))
+        c = http.client.HTTPConnection(s.host, s.port, timeout=120)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "And", "max_tokens": 3, "stream": True}),
+                  headers=dict(auth, Origin=app, **{"Content-Type": "application/json"}))
+        r = c.getresponse()
+        h = {k.lower(): v for k, v in r.getheaders()}
+        r.read()
+        c.close()
+        ck.report(r.status == 200 and h.get("access-control-allow-origin") == app, "a stream carries the CORS header", h)
+        # models.retrieve
+        st, lst = s.request("GET", "/v1/models")
+        mid = lst["data"][0]["id"]
+        st, b = s.request("GET", "/v1/models/" + urllib.parse.quote(mid, safe=""))
+        ck.report(st == 200 and b.get("id") == mid and b.get("object") == "model" and isinstance(b.get("created"), int)
+                  and b["created"] > 1000000000 and b == lst["data"][0], "/v1/models/{id}: the listed model", b)
+        st, b = s.request("GET", "/v1/models/no-such-model")
+        error_of(ck, "/v1/models/{unknown id}: 404", st, b, 404, param="model", needle="no-such-model")
+        ck.report(isinstance(b, dict) and b.get("error", {}).get("code") == "model_not_found",
+                  "an unknown model's code is model_not_found", b)
+    finally:
+        s.stop()
+    # without --cors-origin no origin is answered
+    s = Server(qkv, lm)
+    try:
+        st, h, b = headed(s, "GET", "/v1/models", {"Origin": app})
+        ck.report(st == 200 and "access-control-allow-origin" not in h, "no --cors-origin: no CORS header", h)
+        st, h, b = headed(s, "OPTIONS", "/v1/models", {"Origin": app, "Access-Control-Request-Method": "GET"})
+        ck.report(st == 404 and "access-control-allow-origin" not in h, "no --cors-origin: no preflight", (st, h))
+    finally:
+        s.stop()
+    for bad in ("localhost:3000", "http://a.example/path", "ftp://a.example", "http://"):
+        p = subprocess.run([qkv, "serve", "--model", lm, "--port", "0", "--cors-origin", bad], capture_output=True,
+                           text=True, timeout=60)
+        ck.report(p.returncode != 0 and "not an origin" in p.stderr and bad in p.stderr,
+                  "--cors-origin %s is refused" % bad, p.stderr)
 
 
 def tiny_lm(qkv, work, steps=4):
@@ -578,10 +657,24 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--qkv", required=True)
     ap.add_argument("--keep", help="work directory to keep")
+    ap.add_argument("--openai-client", metavar="NODE_MODULES",
+                    help="only run tests/openai_client.mjs (OpenAI's Node client, from this node_modules) "
+                         "against a tiny language model")
     a = ap.parse_args()
     qkv = os.path.abspath(a.qkv)
     work = a.keep or tempfile.mkdtemp(prefix="serve_test.")
     os.makedirs(work, exist_ok=True)
+    if a.openai_client:
+        lm = tiny_lm(qkv, work)
+        s = Server(qkv, lm, "--api-key", KEY)
+        try:
+            p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_client.mjs"),
+                                a.openai_client, "http://%s:%d/v1" % (s.host, s.port), KEY],
+                               capture_output=True, text=True, timeout=300)
+        finally:
+            s.stop()
+        print(p.stdout + p.stderr, end="")
+        sys.exit(p.returncode)
     words = "zero one two three four five six seven eight nine".split()
     rng = random.Random(1)
     with open(os.path.join(work, "text.txt"), "w") as f:
@@ -607,6 +700,7 @@ def main():
                           "byte"])
     ck = Checks()
     lm_checks(ck, qkv, lm)
+    cors_checks(ck, qkv, lm)
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     inspect_checks(ck, qkv, lm, tr, work)

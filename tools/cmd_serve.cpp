@@ -9,6 +9,7 @@
 // Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
 #include <arpa/inet.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,7 +57,7 @@ namespace http = qkv::http;
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, dtype;
-  std::vector<std::string> allow_hosts;
+  std::vector<std::string> allow_hosts, cors_origins;
   int port = 8080;
   int64_t max_connections = 1024, max_client_connections = 256;
   int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024, max_attention = 4 << 20;
@@ -68,6 +69,7 @@ struct ServeOptions {
 struct HttpError {
   int status;
   std::string message, type, param;
+  std::string code = "";  // OpenAI's error code ("model_not_found"), or none
 };
 
 [[noreturn]] void bad(const std::string& param, const std::string& message) {
@@ -83,7 +85,7 @@ void reply_error(http::Response& res, const HttpError& e) {
                    {{"message", e.message},
                     {"type", e.type},
                     {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
-                    {"code", nullptr}}}};
+                    {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}}}};
   res.content_type = "application/json";
   res.body = j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -254,6 +256,9 @@ class Server {
           tok_->vocab_size(), ") is larger than config.json's vocab_size (", model_->config().vocab_size, ")");
     id_ = fs::path(fs::absolute(o.model)).lexically_normal().filename().string();
     if (id_.empty()) id_ = "model";
+    // OpenAI's "created": when the model was written (its directory's or file's modification time)
+    struct stat st {};
+    if (::stat(o.model.c_str(), &st) == 0) created_ = static_cast<int64_t>(st.st_mtime);
     SchedulerOptions so;
     so.slots = o.slots;
     so.max_queue = o.max_queue;
@@ -366,6 +371,7 @@ class Server {
   }
 
   void routes() {
+    http_.set_cors_origins(o_.cors_origins);
     http_.set_guard([this](const http::Request& req, http::Response& res) {
       if (!host_allowed(req.header("Host"))) {
         reply_error(res, {403,
@@ -387,9 +393,16 @@ class Server {
       res.body = dump(j);
     }), true);
     http_.route("GET", "/v1/models", handler([this](const http::Request&, http::Response& res) {
-      const Json j = {{"object", "list"},
-                      {"data", {{{"id", id_}, {"object", "model"}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}}}}};
+      const Json j = {{"object", "list"}, {"data", {model_object()}}};
       res.body = dump(j);
+    }), true);
+    // models.retrieve(id): the one served model, or OpenAI's 404
+    http_.route_prefix("GET", "/v1/models/", handler([this](const http::Request& req, http::Response& res) {
+      const std::string id = req.path.substr(std::string("/v1/models/").size());
+      if (id != id_)
+        throw HttpError{404, "The model '" + id + "' does not exist; this server serves '" + id_ + "'",
+                        "invalid_request_error", "model", "model_not_found"};
+      res.body = dump(model_object());
     }), true);
     http_.route("GET", "/", handler([](const http::Request&, http::Response& res) {
       res.body.assign(reinterpret_cast<const char*>(kExplorerHtml), kExplorerHtmlSize);
@@ -446,6 +459,11 @@ class Server {
       need_task(Task::Classify, "/v1/classifications");
       classifications(req, res);
     }));
+  }
+
+  // The served model as OpenAI's model object (and qkv's task).
+  Json model_object() const {
+    return {{"id", id_}, {"object", "model"}, {"created", created_}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}};
   }
 
   // What the explorer page needs to know of the model.
@@ -952,6 +970,7 @@ class Server {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tok_;
   std::string id_;
+  int64_t created_ = 0;  // the model's modification time, seconds since 1970
   std::unique_ptr<Scheduler> sched_;
   http::Server http_;
   int port_ = 0;
@@ -976,6 +995,20 @@ void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--allow-host", o->allow_hosts,
                 "A name clients may reach the server by (the Host header; repeatable). Always allowed: localhost "
                 "and the --host address; others are refused with 403 (DNS rebinding)");
+  c->add_option("--cors-origin", o->cors_origins,
+                "An origin whose web pages may call this server from a browser (CORS; repeatable), as browsers "
+                "send it: scheme://host[:port], e.g. http://localhost:3000; * allows any. Default: none")
+      ->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            if (v == "*") return "";
+            const size_t sep = v.find("://");
+            const std::string scheme = sep == std::string::npos ? "" : v.substr(0, sep);
+            const std::string rest = sep == std::string::npos ? "" : v.substr(sep + 3);
+            const bool ok = (scheme == "http" || scheme == "https") && !rest.empty() &&
+                            rest.find_first_of("/?#@ \t\r\n") == std::string::npos && rest.back() != ':';
+            return ok ? "" : "'" + v + "' is not an origin; expected scheme://host[:port] (http or https, no path) or *";
+          },
+          "ORIGIN"));
   c->add_option("--max-connections", o->max_connections,
                 "Connections open at once at most; more are answered 503 and closed (default 1024)")
       ->transform(whole(1, 1 << 20));

@@ -106,7 +106,30 @@ struct Server::Impl {
     bool inline_handler;
   };
   std::map<std::pair<std::string, std::string>, Route> routes;
+  std::map<std::pair<std::string, std::string>, Route> prefix_routes;
+  std::vector<std::string> cors_origins;
   std::function<bool(const Request&, Response&)> guard;
+
+  // The route for a request: an exact one, else the longest prefix route it extends.
+  const Route* find_route(const std::string& method, const std::string& path) const {
+    if (const auto it = routes.find({method, path}); it != routes.end()) return &it->second;
+    const Route* best = nullptr;
+    size_t longest = 0;
+    for (const auto& [key, r] : prefix_routes)
+      if (key.first == method && path.size() > key.second.size() && path.compare(0, key.second.size(), key.second) == 0 &&
+          key.second.size() >= longest)
+        best = &r, longest = key.second.size();
+    return best;
+  }
+  // Access-Control-Allow-Origin for a request's Origin header: the origin, "*", or "" (none).
+  std::string cors_for(const std::string* origin) const {
+    if (!origin || cors_origins.empty()) return "";
+    for (const std::string& o : cors_origins) {
+      if (o == "*") return "*";
+      if (o == *origin) return o;
+    }
+    return "";
+  }
 
   std::atomic<bool> stopping{false}, stopped{false};
   std::atomic<int64_t> workers{0}, open{0};
@@ -143,6 +166,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   int64_t requests = 0;
   State state = State::Reading;
   bool keep_alive = false;
+  std::string cors;  // this request's Access-Control-Allow-Origin ("" when none)
   // a streamed answer's head, alive while it is written
   std::unique_ptr<bhttp::response<bhttp::empty_body>> head;
   std::unique_ptr<bhttp::response_serializer<bhttp::empty_body>> head_sr;
@@ -166,6 +190,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   // byte; from there its headers must arrive within header_seconds, its body in body_seconds.
   void read_request() {
     state = State::Reading;
+    cors.clear();
     if (srv->stopping) return close();
     if (requests > 0 && buf.size() == 0) {
       stream.expires_after(seconds(srv->limits.idle_seconds));
@@ -242,6 +267,22 @@ struct Conn : std::enable_shared_from_this<Conn> {
     for (const auto& f : m) req->headers.emplace_back(std::string(f.name_string()), std::string(f.value()));
     req->body = std::move(m.body());
     keep_alive = m.keep_alive() && requests < srv->limits.max_requests_per_connection;
+    cors = srv->cors_for(req->header("Origin"));
+    if (!cors.empty() && req->method == "OPTIONS" && req->header("Access-Control-Request-Method")) {
+      // a browser's preflight: what a request from this origin may carry (no API key is sent here)
+      Response pre;
+      pre.status = 204;
+      pre.content_type.clear();
+      std::string allow = "Authorization, Content-Type";
+      if (const std::string* h = req->header("Access-Control-Request-Headers");
+          h && !h->empty() && h->size() <= 1000 &&
+          h->find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_, ") == std::string::npos)
+        allow = *h;
+      pre.headers = {{"Access-Control-Allow-Methods", "GET, POST, OPTIONS"},
+                     {"Access-Control-Allow-Headers", allow},
+                     {"Access-Control-Max-Age", "600"}};
+      return send(pre);
+    }
     const std::string_view target = req->target;
     const size_t q = target.find('?');
     if (!percent_decode(target.substr(0, q), req->path))
@@ -275,10 +316,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
       }
       if (handled) return send(res);
     }
-    const auto it = srv->routes.find({req->method, req->path});
-    if (it == srv->routes.end())
-      return send(srv->error(404, "no route " + printable(req->method) + " " + printable(req->target)));
-    const Server::Impl::Route& route = it->second;
+    const Server::Impl::Route* found = srv->find_route(req->method, req->path);
+    if (!found) return send(srv->error(404, "no route " + printable(req->method) + " " + printable(req->target)));
+    const Server::Impl::Route& route = *found;
     if (route.inline_handler) {
       try {
         route.handler(*req, res);
@@ -365,6 +405,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
     head->set(bhttp::field::content_type, r.content_type);
     head->set(bhttp::field::cache_control, "no-cache");
     for (const auto& [k, v] : r.headers) head->set(k, v);
+    if (!cors.empty()) head->set(bhttp::field::access_control_allow_origin, cors), head->set(bhttp::field::vary, "Origin");
     head->keep_alive(keep_alive && !srv->stopping);
     head->chunked(true);
     head_sr = std::make_unique<bhttp::response_serializer<bhttp::empty_body>>(*head);
@@ -396,8 +437,9 @@ struct Conn : std::enable_shared_from_this<Conn> {
   // On the I/O thread: a whole answer.
   void send(const Response& r) {
     auto msg = std::make_shared<bhttp::response<bhttp::string_body>>(static_cast<bhttp::status>(r.status), 11);
-    msg->set(bhttp::field::content_type, r.content_type);
+    if (!r.content_type.empty()) msg->set(bhttp::field::content_type, r.content_type);
     for (const auto& [k, v] : r.headers) msg->set(k, v);
+    if (!cors.empty()) msg->set(bhttp::field::access_control_allow_origin, cors), msg->set(bhttp::field::vary, "Origin");
     msg->body() = r.body;
     const bool keep = keep_alive && !srv->stopping && r.status < 500 && r.status != 408 && r.status != 413 &&
                       r.status != 431 && r.status != 400;
@@ -505,6 +547,12 @@ Server::~Server() {
 void Server::route(const std::string& method, const std::string& path, Handler h, bool inline_handler) {
   impl_->routes[{method, path}] = {std::move(h), inline_handler};
 }
+
+void Server::route_prefix(const std::string& method, const std::string& prefix, Handler h, bool inline_handler) {
+  impl_->prefix_routes[{method, prefix}] = {std::move(h), inline_handler};
+}
+
+void Server::set_cors_origins(std::vector<std::string> origins) { impl_->cors_origins = std::move(origins); }
 
 void Server::set_guard(std::function<bool(const Request&, Response&)> guard) { impl_->guard = std::move(guard); }
 

@@ -86,6 +86,15 @@ class Server {
 
   // Routes: exact path match. An inline handler runs on the I/O thread and must not wait.
   void route(const std::string& method, const std::string& path, Handler h, bool inline_handler = false);
+  // A route for every path that starts with `prefix` and goes on (taken when no exact route
+  // matches; the longest prefix first), e.g. "/v1/models/" for /v1/models/{id}.
+  void route_prefix(const std::string& method, const std::string& prefix, Handler h, bool inline_handler = false);
+  // Cross-origin requests from browsers (CORS): a request whose Origin is one of `origins` ("*":
+  // any) gets Access-Control-Allow-Origin on its answer (the origin, or *), and its preflight
+  // (OPTIONS with Access-Control-Request-Method) is answered 204 before the guard, allowing GET,
+  // POST and the headers asked for (Authorization and Content-Type when none are). Empty: no
+  // cross-origin access (the default).
+  void set_cors_origins(std::vector<std::string> origins);
   // Runs on the I/O thread before routing (API key, Host check): true means it answered.
   void set_guard(std::function<bool(const Request&, Response&)> guard);
 

@@ -1,0 +1,66 @@
+// qkv serve through OpenAI's official Node client (npm `openai`), as applications call it:
+//   node tests/openai_client.mjs NODE_MODULES_DIR BASE_URL API_KEY
+// models.list and models.retrieve (and an unknown id's NotFoundError), a greedy completion and
+// the same completion streamed (its deltas make the same text), a bad request's BadRequestError,
+// and a wrong key's AuthenticationError. Prints one PASS/FAIL line a check; exits 1 on a failure.
+import { createRequire } from "node:module";
+import path from "node:path";
+
+const [modules, baseURL, apiKey] = process.argv.slice(2);
+const require = createRequire(path.join(path.resolve(modules), "index.js"));
+const OpenAI = require("openai");
+
+let failed = 0;
+function check(ok, what, detail) {
+  console.log(`${ok ? "PASS" : "FAIL"} ${what}${ok ? "" : "  " + JSON.stringify(detail)}`);
+  if (!ok) failed++;
+}
+
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
+
+const list = await client.models.list();
+const models = [];
+for await (const m of list) models.push(m);
+check(models.length === 1 && models[0].object === "model" && typeof models[0].created === "number",
+      "models.list: the served model", models);
+const id = models[0].id;
+const one = await client.models.retrieve(id);
+check(one.id === id && one.object === "model" && one.created === models[0].created && one.owned_by === "qkv",
+      "models.retrieve(id)", one);
+try {
+  await client.models.retrieve("no-such-model");
+  check(false, "models.retrieve of an unknown id throws", null);
+} catch (e) {
+  check(e instanceof OpenAI.NotFoundError && e.status === 404 && e.code === "model_not_found",
+        "models.retrieve of an unknown id: NotFoundError, model_not_found", { status: e.status, code: e.code });
+}
+
+const ask = { model: id, prompt: "And God said", max_tokens: 12, temperature: 0 };
+const done = await client.completions.create(ask);
+check(done.object === "text_completion" && done.choices.length === 1 && typeof done.choices[0].text === "string" &&
+      done.usage.total_tokens === done.usage.prompt_tokens + done.usage.completion_tokens,
+      "completions.create", done);
+const stream = await client.completions.create({ ...ask, stream: true });
+let text = "", chunks = 0;
+for await (const c of stream) {
+  text += c.choices[0]?.text ?? "";
+  chunks++;
+}
+check(chunks > 0 && text === done.choices[0].text, "completions.create with stream: the same text", { text, chunks });
+
+try {
+  await client.completions.create({ ...ask, max_tokens: -1 });
+  check(false, "a bad max_tokens throws", null);
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === "max_tokens",
+        "a bad max_tokens: BadRequestError naming the field", { status: e.status, param: e.param });
+}
+try {
+  await new OpenAI({ baseURL, apiKey: "wrong", maxRetries: 0 }).models.list();
+  check(false, "a wrong key throws", null);
+} catch (e) {
+  check(e instanceof OpenAI.AuthenticationError && e.status === 401, "a wrong key: AuthenticationError",
+        { status: e.status });
+}
+console.log(failed ? `${failed} failed` : "all passed");
+process.exit(failed ? 1 : 0);
