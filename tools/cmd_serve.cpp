@@ -436,8 +436,13 @@ class Server {
         if (r.ec != std::errc() || r.ptr != v.data() + v.size() || v.empty() || seed > (uint64_t{1} << 53))
           bad("seed", "'seed' is '" + v + "'; expected a whole number in [0, 2^53]");
       }
+      // on this request's thread: only the claim that uses the served model waits for (and briefly
+      // holds) the scheduler's thread, so decoding goes on while the others compute
       const bool lm = info_.task == Task::LanguageModel;
-      const Json claims = sched_->run([seed, lm](const Model& m) { return chapter_claims(seed, lm ? &m : nullptr); }).get();
+      const Json claims = chapter_claims(seed, lm ? &model_->config() : nullptr,
+                                         [this](const std::function<double(const Model&)>& f) {
+                                           return sched_->run([&f](const Model& m) { return f(m); }).get();
+                                         });
       res.body = dump(claims);
     }));
     http_.route("POST", "/v1/completions", handler([this](const http::Request& req, http::Response& res) {

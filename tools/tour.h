@@ -3,6 +3,7 @@
 // /v1/attend and /v1/claims), so the page and the terminal show the same computation.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <ostream>
 #include <vector>
@@ -41,6 +42,12 @@ nlohmann::json attend_steps(const ExampleInput& in);
 // `lm`: a decoder-only model to show that causal training in parallel equals sequential
 // generation (null: a small random one).
 nlohmann::json chapter_claims(uint64_t seed, const Model* lm);
+// The same, the model reached only through `run_lm`, which calls its argument with the model and
+// returns what it returns, wherever the model lives (qkv serve: on its scheduler thread, so that
+// only that one claim waits for the decoding steps, and the rest runs on the request's thread);
+// `lm_config`: the model's configuration (null: no model, a small random one).
+using LmRunner = std::function<double(const std::function<double(const Model&)>&)>;
+nlohmann::json chapter_claims(uint64_t seed, const ModelConfig* lm_config, const LmRunner& run_lm);
 
 // Both, as text.
 void print_steps(std::ostream& os, const nlohmann::json& steps);
