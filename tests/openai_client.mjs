@@ -1,7 +1,8 @@
 // qkv serve through OpenAI's official Node client (npm `openai`), as applications call it:
 //   node tests/openai_client.mjs NODE_MODULES_DIR BASE_URL API_KEY
 // models.list and models.retrieve (and an unknown id's NotFoundError), a greedy completion and
-// the same completion streamed (its deltas make the same text), a bad request's BadRequestError,
+// the same completion streamed (its deltas make the same text; with stream_options.include_usage
+// its usage), a bad request's BadRequestError,
 // and a wrong key's AuthenticationError. Prints one PASS/FAIL line a check; exits 1 on a failure.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -47,6 +48,11 @@ for await (const c of stream) {
   chunks++;
 }
 check(chunks > 0 && text === done.choices[0].text, "completions.create with stream: the same text", { text, chunks });
+const counted = await client.completions.create({ ...ask, stream: true, stream_options: { include_usage: true } });
+let usage = null;
+for await (const c of counted) if (c.usage) usage = c.usage;
+check(usage !== null && JSON.stringify(usage) === JSON.stringify(done.usage),
+      "stream_options.include_usage: the stream's usage is the plain completion's", { usage, want: done.usage });
 
 try {
   await client.completions.create({ ...ask, max_tokens: -1 });

@@ -294,6 +294,22 @@ def lm_checks(ck, qkv, lm):
         ck.report(st == 200 and ev[-1] == "DONE" and texts[0] == alone["choices"][0]["text"] and
                   finish[0] == alone["choices"][0]["finish_reason"], "a streamed completion is the plain one",
                   (texts, finish))
+        # stream_options.include_usage: every chunk's usage null, then one chunk with no choices
+        # and the plain completion's usage, then [DONE]; only with stream, and checked
+        st, ev = s.stream(dict(base, stream_options={"include_usage": True}))
+        last = ev[-2] if len(ev) >= 2 else None
+        ck.report(st == 200 and ev[-1] == "DONE" and last["choices"] == [] and last["usage"] == alone["usage"] and
+                  all(e["usage"] is None for e in ev[:-2]) and stream_text(ev[:-2] + ["DONE"])[0][0] ==
+                  alone["choices"][0]["text"], "stream_options.include_usage: a last chunk with the usage", ev[-3:])
+        st, ev = s.stream(dict(base, stream_options={"include_usage": False}))
+        ck.report(st == 200 and all("usage" not in e for e in ev[:-1]), "include_usage false: no usage", ev[-2:])
+        for so, param in (({"include_usage": 1}, "stream_options.include_usage"), ({"obfuscate": True},
+                          "stream_options.obfuscate"), ("yes", "stream_options")):
+            st, b = s.stream(dict(base, stream_options=so))
+            error_of(ck, "stream_options %s: 400" % json.dumps(so), st, b, 400, param=param)
+        st, b = s.request("POST", "/v1/completions", dict(base, stream_options={"include_usage": True}))
+        error_of(ck, "stream_options without stream: 400", st, b, 400, param="stream_options",
+                 needle="only allowed when 'stream' is true")
         # n, seed, logprobs, echo, stop
         body = {"prompt": "And", "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 7, "logprobs": 2}
         st, b = s.request("POST", "/v1/completions", body)

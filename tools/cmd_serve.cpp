@@ -500,6 +500,7 @@ class Server {
     CompletionRequest r;
     std::vector<std::string> stop;
     bool stream = false, echo = false;
+    bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
     std::string prompt_text;
   };
 
@@ -537,6 +538,20 @@ class Server {
     p.r.n = f.integer("n", 1, o_.slots, 1);
     p.r.top_logprobs = f.integer("logprobs", 0, 20, 0);
     p.stream = f.boolean("stream", false);
+    if (const Json* so = f.get("stream_options"); so && !so->is_null()) {
+      // OpenAI's: only with stream; {"include_usage": bool} (each chunk's usage null, then one
+      // chunk with no choices and the request's usage before [DONE])
+      if (!p.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+      if (!so->is_object()) bad("stream_options", "'stream_options' is " + so->dump() + "; expected an object");
+      for (auto it = so->begin(); it != so->end(); ++it) {
+        if (it.key() != "include_usage")
+          bad("stream_options." + it.key(), "unknown field 'stream_options." + it.key() + "' (qkv knows include_usage)");
+        if (!it->is_boolean())
+          bad("stream_options.include_usage",
+              "'stream_options.include_usage' is " + it->dump() + "; expected true or false");
+        p.include_usage = it->get<bool>();
+      }
+    }
     p.echo = f.boolean("echo", false);
     for (const char* k : {"presence_penalty", "frequency_penalty"})
       if (f.number(k, -2, 2, 0) != 0) bad(k, detail::concat("'", k, "' is not supported (use repetition_penalty)"));
@@ -683,15 +698,16 @@ class Server {
             ~End() { c.gone = true; }  // however it ended, the scheduler may free the slots
           } end{*c};
           const auto chunk = [&](int64_t i, const std::string& text, const Json& lps, const std::string& finish) {
-            const Json j = {{"id", cid},
-                            {"object", "text_completion"},
-                            {"created", created},
-                            {"model", id_},
-                            {"choices",
-                             {{{"index", i},
-                               {"text", text},
-                               {"logprobs", lps},
-                               {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
+            Json j = {{"id", cid},
+                      {"object", "text_completion"},
+                      {"created", created},
+                      {"model", id_},
+                      {"choices",
+                       {{{"index", i},
+                         {"text", text},
+                         {"logprobs", lps},
+                         {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
+            if (p->include_usage) j["usage"] = nullptr;
             return sink.write("data: " + dump(j) + "\n\n");
           };
           if (p->echo)
@@ -705,6 +721,18 @@ class Server {
             if (!sink.open()) return;  // the client went away
             for (const Delta& d : fold(*c, *choices, *p, base))
               if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
+          }
+          if (p->include_usage) {
+            int64_t generated = 0;
+            for (const ChoiceText& ch : *choices) generated += static_cast<int64_t>(ch.ids.size());
+            const auto P = static_cast<int64_t>(p->r.prompt.size());
+            const Json j = {{"id", cid},
+                            {"object", "text_completion"},
+                            {"created", created},
+                            {"model", id_},
+                            {"choices", Json::array()},
+                            {"usage", {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}}}};
+            if (!sink.write("data: " + dump(j) + "\n\n")) return;
           }
           sink.write("data: [DONE]\n\n");
         };
