@@ -310,6 +310,18 @@ def lm_checks(ck, qkv, lm):
         st, b = s.request("POST", "/v1/completions", dict(base, stream_options={"include_usage": True}))
         error_of(ck, "stream_options without stream: 400", st, b, 400, param="stream_options",
                  needle="only allowed when 'stream' is true")
+        # logit_bias: +100 on one token makes every greedy choice that token, -100 on the first
+        # greedy token moves the first choice; and the field is checked
+        z = str(ord("z") + 3)  # the byte tokenizer's id of "z"
+        st, b = s.request("POST", "/v1/completions", dict(base, max_tokens=5, logit_bias={z: 100}))
+        ck.report(st == 200 and b["choices"][0]["text"] == "zzzzz", "logit_bias +100 forces a token", b)
+        first = str(ord(alone["choices"][0]["text"][0]) + 3)
+        st, b = s.request("POST", "/v1/completions", dict(base, logit_bias={first: -100}))
+        ck.report(st == 200 and b["choices"][0]["text"][:1] != alone["choices"][0]["text"][:1],
+                  "logit_bias -100 bans a token", (alone["choices"][0]["text"], b))
+        for lb in ({"x": 1}, {"-1": 1}, {"999999": 1}, {"+5": 1}, {z: 100.5}, {z: "1"}, [1]):
+            st, b = s.request("POST", "/v1/completions", dict(base, logit_bias=lb))
+            error_of(ck, "logit_bias %s: 400" % json.dumps(lb), st, b, 400, param="logit_bias")
         # n, seed, logprobs, echo, stop
         body = {"prompt": "And", "max_tokens": 12, "n": 3, "temperature": 1.0, "seed": 7, "logprobs": 2}
         st, b = s.request("POST", "/v1/completions", body)

@@ -286,6 +286,35 @@ TEST(Generate, RepetitionPenaltyDiscouragesRepeats) {
   EXPECT_GT(distinct(penalised[0].tokens), distinct(plain[0].tokens));
 }
 
+// logit_bias (OpenAI's): +100 on a token makes every greedy and sampled choice that token; -100 on
+// the token greedy picks first moves that choice; the reported log-probability stays the model's; a
+// NaN bias is refused.
+TEST(Generate, LogitBiasForcesAndBansTokens) {
+  const Model m = make(decoder_config(Positional::Learned));
+  GenerateConfig g = greedy(8, true);
+  const auto plain = generate(m, {{4}}, g);
+  g.sampling.logit_bias = {{7, 100.0f}};
+  const auto forced = generate(m, {{4}}, g);
+  EXPECT_EQ(forced[0].tokens, std::vector<int32_t>(8, 7));
+  GenerateConfig sampled = g;
+  sampled.sampling.greedy = false;
+  sampled.sampling.seed = 3;
+  EXPECT_EQ(generate(m, {{4}}, sampled)[0].tokens, std::vector<int32_t>(8, 7));
+  g.sampling.logit_bias = {{plain[0].tokens[0], -100.0f}};
+  const auto banned = generate(m, {{4}}, g);
+  EXPECT_NE(banned[0].tokens[0], plain[0].tokens[0]);
+  // a bias on the tokens greedy picks anyway changes no choice, and the reported log-probability
+  // stays the model's (not the biased distribution's)
+  GenerateConfig one = greedy(1, true);
+  const auto first = generate(m, {{4}}, one);
+  one.sampling.logit_bias = {{first[0].tokens[0], 5.0f}};
+  const auto nudged = generate(m, {{4}}, one);
+  ASSERT_EQ(nudged[0].tokens, first[0].tokens);
+  EXPECT_EQ(nudged[0].logprob, first[0].logprob);
+  g.sampling.logit_bias = {{3, std::nanf("")}};
+  EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("logit_bias holds token 3"), std::string::npos);
+}
+
 TEST(Translate, CachedEqualsFullRecomputationAndBatchesEqualSingles) {
   for (bool norm_first : {false, true}) {
     ModelConfig c = encdec_config();

@@ -535,6 +535,22 @@ class Server {
     p.r.sampling.repetition_penalty = static_cast<float>(f.number("repetition_penalty", 0.01, 100, 1));
     p.r.sampling.seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MAX, 0));
     p.r.sampling.vocab_limit = tok_->vocab_size();  // never an id the tokenizer cannot decode
+    if (const Json* lb = f.get("logit_bias"); lb && !lb->is_null()) {
+      // OpenAI's: {"token id": bias in [-100, 100]}, added to the logits before each choice
+      if (!lb->is_object()) bad("logit_bias", "'logit_bias' is " + lb->dump() + "; expected an object of token ids");
+      if (lb->size() > 1024) bad("logit_bias", detail::concat("'logit_bias' holds ", lb->size(), " tokens (at most 1024)"));
+      for (auto it = lb->begin(); it != lb->end(); ++it) {
+        const std::string& k = it.key();
+        int64_t id = -1;
+        const auto r = std::from_chars(k.data(), k.data() + k.size(), id);
+        if (k.empty() || r.ec != std::errc() || r.ptr != k.data() + k.size() || id < 0 || id >= tok_->vocab_size())
+          bad("logit_bias", detail::concat("'logit_bias' has the key '", k, "'; expected token ids in [0, ",
+                                           tok_->vocab_size(), ") as decimal strings"));
+        if (!it->is_number() || !std::isfinite(it->get<double>()) || std::fabs(it->get<double>()) > 100)
+          bad("logit_bias", detail::concat("'logit_bias'[\"", k, "\"] is ", it->dump(), "; expected a number in [-100, 100]"));
+        p.r.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), it->get<float>());
+      }
+    }
     p.r.n = f.integer("n", 1, o_.slots, 1);
     p.r.top_logprobs = f.integer("logprobs", 0, 20, 0);
     p.stream = f.boolean("stream", false);

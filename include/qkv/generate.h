@@ -34,6 +34,10 @@ struct SamplingConfig {
   uint64_t seed = 0;                // samples are a function of (seed, inputs)
   int64_t vocab_limit = 0;          // > 0: choose only among ids below it (a Hugging Face model pads its
                                     // embedding table past its tokenizer; those rows have no text)
+  // OpenAI's logit_bias: (id, b) adds b to that token's logit before the choice (after the
+  // repetition penalty, before the temperature): -100 all but bans a token, +100 all but forces
+  // it. The log-probabilities reported are the model's own, without the bias.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct GenerateConfig {

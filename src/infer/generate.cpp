@@ -211,7 +211,7 @@ int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& histo
   if (s.vocab_limit > 0 && s.vocab_limit < V) V = s.vocab_limit;
   // greedy without a penalty: the first largest logit (what the double copy below would pick: the
   // widening is exact and keeps the order)
-  if (s.greedy && s.repetition_penalty == 1.0f)
+  if (s.greedy && s.repetition_penalty == 1.0f && s.logit_bias.empty())
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<double> z(logits, logits + V);
   // z_t <- z_t / penalty (z_t > 0) or z_t * penalty (z_t <= 0), once per token in the history
@@ -220,6 +220,8 @@ int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& histo
     for (int32_t t : seen)
       if (t < V) z[t] = z[t] > 0 ? z[t] / s.repetition_penalty : z[t] * s.repetition_penalty;
   }
+  for (const auto& [t, b] : s.logit_bias)
+    if (t >= 0 && t < V) z[t] += b;
   if (s.greedy) return static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
   // z <- z / temperature ; keep the top_k largest ; p <- softmax(z) ; keep the top_p nucleus
   // (tokens ranked by logit, ties by id; no ranking needed without top-k or top-p)
@@ -279,6 +281,9 @@ void check_config(const char* fn, const GenerateConfig& g) {
   check(g.sampling.top_p > 0 && g.sampling.top_p <= 1, fn, ": top_p must be in (0, 1], got ", g.sampling.top_p);
   check(g.sampling.repetition_penalty > 0, fn, ": repetition_penalty must be > 0, got ",
         g.sampling.repetition_penalty);
+  for (const auto& [t, b] : g.sampling.logit_bias)
+    check(t >= 0 && std::isfinite(b), fn, ": logit_bias holds token ", t, " with bias ", b,
+          " (expected an id >= 0 and a finite bias)");
   check(g.use_cache || !g.capture_attention, fn, ": attention capture needs the cache (use_cache)");
   check(std::isfinite(g.length_penalty), fn, ": length_penalty must be finite, got ", g.length_penalty);
   const bool beams = g.beam_size > 1 || g.beam_search;
