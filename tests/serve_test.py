@@ -310,6 +310,35 @@ def lm_checks(ck, qkv, lm):
         st, b = s.request("POST", "/v1/completions", dict(base, stream_options={"include_usage": True}))
         error_of(ck, "stream_options without stream: 400", st, b, 400, param="stream_options",
                  needle="only allowed when 'stream' is true")
+        # a batch of prompts: prompt k's choices are k n .. k n + n - 1, each what that prompt gives
+        # alone; usage counts every prompt; echo puts each choice's own prompt first; streamed
+        # the same; lists of token ids too; mixed or empty entries and too many prompts are 400
+        other = dict(base, prompt="In the beginning")
+        st, o1 = s.request("POST", "/v1/completions", other)
+        # sampled (choice j of any prompt draws from seed + j), so that the prompts' texts differ
+        sampled = dict(base, temperature=1.0, seed=5, n=2)
+        st, s0 = s.request("POST", "/v1/completions", sampled)
+        st, s1 = s.request("POST", "/v1/completions", dict(sampled, prompt=other["prompt"]))
+        st, b = s.request("POST", "/v1/completions", dict(sampled, prompt=[base["prompt"], other["prompt"]]))
+        want_sampled = [c["text"] for c in s0["choices"] + s1["choices"]]
+        ck.report(st == 200 and completion_ok(b, 4) and [c["text"] for c in b["choices"]] == want_sampled and
+                  want_sampled[:2] != want_sampled[2:] and [c["index"] for c in b["choices"]] == [0, 1, 2, 3] and
+                  b["usage"]["prompt_tokens"] == s0["usage"]["prompt_tokens"] + s1["usage"]["prompt_tokens"] and
+                  b["usage"]["completion_tokens"] == s0["usage"]["completion_tokens"] + s1["usage"]["completion_tokens"],
+                  "a batch of 2 prompts x n = 2: each choice its prompt's own completion", (want_sampled, b))
+        want = [alone["choices"][0]["text"]] * 2 + [o1["choices"][0]["text"]] * 2
+        st, b = s.request("POST", "/v1/completions", dict(base, prompt=[base["prompt"], other["prompt"]], echo=True))
+        ck.report(st == 200 and [c["text"] for c in b["choices"]] ==
+                  [base["prompt"] + want[0], other["prompt"] + want[2]], "a batch with echo", b)
+        st, ev = s.stream(dict(base, prompt=[base["prompt"], other["prompt"]]))
+        texts, finish = stream_text(ev, 2)
+        ck.report(st == 200 and texts == [want[0], want[2]], "a streamed batch", texts)
+        ids_of = [ord(ch) + 3 for ch in base["prompt"]]  # the byte tokenizer's ids
+        st, b = s.request("POST", "/v1/completions", dict(base, prompt=[ids_of, ids_of]))
+        ck.report(st == 200 and [c["text"] for c in b["choices"]] == [want[0]] * 2, "a batch of token-id lists", b)
+        for bad_prompt in ([base["prompt"], [5, 6]], [[5, 6], []], ["ok", 5], ["p"] * 65, []):
+            st, b = s.request("POST", "/v1/completions", dict(base, prompt=bad_prompt))
+            error_of(ck, "prompt %s: 400" % json.dumps(bad_prompt)[:60], st, b, 400, param="prompt")
         # logit_bias: +100 on one token makes every greedy choice that token, -100 on the first
         # greedy token moves the first choice; and the field is checked
         z = str(ord("z") + 3)  # the byte tokenizer's id of "z"
@@ -367,7 +396,10 @@ def lm_checks(ck, qkv, lm):
             ("n over the slots", {"prompt": "x", "n": 5}, None, 400, "n", None),
             ("stream a string", {"prompt": "x", "stream": "yes"}, None, 400, "stream", None),
             ("stop of 5 strings", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "stop", None),
-            ("a prompt list of strings", {"prompt": ["a", "b"]}, None, 400, "prompt", None),
+            ("a batch holding a number", {"prompt": ["a", 7]}, None, 400, "prompt", None),
+            ("a batch's token id outside", {"prompt": [[1], [1, 999999]]}, None, 400, "prompt", None),
+            ("a batch's prompt over the context", {"prompt": ["x", "y" * 60], "max_tokens": 64}, None, 400,
+             "max_tokens", None),
             ("a token id outside", {"prompt": [1, 999999]}, None, 400, "prompt", None),
             ("presence_penalty", {"prompt": "x", "presence_penalty": 1}, None, 400, "presence_penalty", None),
             ("prompt + max_tokens over the context", {"prompt": "y" * 60, "max_tokens": 64}, None, 400, "max_tokens",

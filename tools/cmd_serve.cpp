@@ -501,7 +501,15 @@ class Server {
     std::vector<std::string> stop;
     bool stream = false, echo = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
-    std::string prompt_text;
+    // the prompts (a list of prompts is a batch: prompt k's choices are k n .. k n + n - 1) and
+    // their texts (for echo); r.prompt is the first
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> prompt_texts;
+    int64_t prompt_tokens() const {
+      int64_t n = 0;
+      for (const auto& q : prompts) n += static_cast<int64_t>(q.size());
+      return n;
+    }
   };
 
   CompletionParams parse_completion(const std::string& body) {
@@ -510,22 +518,49 @@ class Server {
     if (const Json* m = f.get("model"); m && !m->is_string()) bad("model", "'model' must be a string");
     f.get("user");  // OpenAI's end-user tag: not used
     const Json* prompt = f.get("prompt");
-    if (!prompt) bad("prompt", "'prompt' is required (a string, or a list of token ids)");
-    if (prompt->is_string()) {
-      p.prompt_text = prompt->get<std::string>();
-      if (const std::string why = utf8_problem(p.prompt_text); !why.empty()) bad("prompt", "'prompt': " + why);
-      p.r.prompt = prompt_ids(*tok_, p.prompt_text);
-    } else if (prompt->is_array() && !prompt->empty()) {
-      for (const Json& t : *prompt) {
+    if (!prompt) bad("prompt", "'prompt' is required (a string, a list of token ids, or a list of either)");
+    // one prompt: a string or a list of token ids; a batch: a list of strings or of lists of ids
+    const auto ids_of = [&](const Json& list, const std::string& where) {
+      std::vector<int32_t> ids;
+      for (const Json& t : list) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= tok_->vocab_size())
-          bad("prompt", detail::concat("'prompt' holds ", t.dump(), "; a list prompt holds token ids in [0, ",
+          bad("prompt", detail::concat(where, " holds ", t.dump(), "; a list prompt holds token ids in [0, ",
                                        tok_->vocab_size(), ")"));
-        p.r.prompt.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
-      p.prompt_text = tok_->decode(p.r.prompt);
+      return ids;
+    };
+    const auto add_text = [&](const std::string& text, const std::string& where) {
+      if (const std::string why = utf8_problem(text); !why.empty()) bad("prompt", where + ": " + why);
+      p.prompt_texts.push_back(text);
+      p.prompts.push_back(prompt_ids(*tok_, text));
+    };
+    const auto add_ids = [&](const Json& list, const std::string& where) {
+      if (!list.is_array() || list.empty()) bad("prompt", where + " must be a non-empty list of token ids");
+      p.prompts.push_back(ids_of(list, where));
+      p.prompt_texts.push_back(tok_->decode(p.prompts.back()));
+    };
+    constexpr size_t kMaxPrompts = 64;
+    if (prompt->is_string()) {
+      add_text(prompt->get<std::string>(), "'prompt'");
+    } else if (prompt->is_array() && !prompt->empty() && prompt->front().is_number()) {
+      add_ids(*prompt, "'prompt'");
+    } else if (prompt->is_array() && !prompt->empty() && prompt->size() <= kMaxPrompts &&
+               (prompt->front().is_string() || prompt->front().is_array())) {
+      const bool strings = prompt->front().is_string();
+      for (size_t k = 0; k < prompt->size(); ++k) {
+        const Json& e = (*prompt)[k];
+        const std::string where = detail::concat("'prompt'[", k, "]");
+        if (strings != e.is_string())
+          bad("prompt", where + " is " + e.dump() + "; a batch is all strings or all lists of token ids");
+        if (strings) add_text(e.get<std::string>(), where);
+        else add_ids(e, where);
+      }
     } else {
-      bad("prompt", "'prompt' must be a string or a non-empty list of token ids (one prompt per request)");
+      bad("prompt", detail::concat("'prompt' must be a string, a non-empty list of token ids, or a list of 1 to ",
+                                   kMaxPrompts, " strings or lists of token ids (a batch)"));
     }
+    p.r.prompt = p.prompts[0];
     p.r.max_tokens = f.integer("max_tokens", 1, o_.max_tokens, std::min<int64_t>(16, o_.max_tokens));
     const double temperature = f.number("temperature", 0, 100, 1.0);
     p.r.sampling.greedy = temperature == 0;
@@ -552,6 +587,9 @@ class Server {
       }
     }
     p.r.n = f.integer("n", 1, o_.slots, 1);
+    if (static_cast<int64_t>(p.prompts.size()) * p.r.n > o_.max_queue + o_.slots)
+      bad("n", detail::concat(p.prompts.size(), " prompts x n = ", p.r.n, " choices are more than the server takes at "
+                              "once (--slots ", o_.slots, " + --max-queue ", o_.max_queue, ")"));
     p.r.top_logprobs = f.integer("logprobs", 0, 20, 0);
     p.stream = f.boolean("stream", false);
     if (const Json* so = f.get("stream_options"); so && !so->is_null()) {
@@ -575,9 +613,11 @@ class Server {
     f.done();
     p.r.eos_id = tok_->eos_id();
     const int64_t context = sched_->options().max_len;
-    if (static_cast<int64_t>(p.r.prompt.size()) + p.r.max_tokens > context)
-      bad("max_tokens", detail::concat("the prompt (", p.r.prompt.size(), " tokens) + max_tokens (", p.r.max_tokens,
-                                       ") exceed the model's context of ", context, " tokens"));
+    for (size_t k = 0; k < p.prompts.size(); ++k)
+      if (static_cast<int64_t>(p.prompts[k].size()) + p.r.max_tokens > context)
+        bad("max_tokens", detail::concat("the prompt", p.prompts.size() > 1 ? detail::concat(" ", k) : std::string(),
+                                         " (", p.prompts[k].size(), " tokens) + max_tokens (", p.r.max_tokens,
+                                         ") exceed the model's context of ", context, " tokens"));
     return p;
   }
 
@@ -597,7 +637,7 @@ class Server {
     Json logprobs;
   };
   std::vector<Delta> fold(Completion& c, std::vector<ChoiceText>& choices, const CompletionParams& p,
-                          const std::string& base) {
+                          const std::vector<std::string>& bases) {
     std::deque<TokenEvent> ev;
     {
       std::lock_guard<std::mutex> lock(c.mu);
@@ -617,7 +657,9 @@ class Server {
         }
       }
       // full <- the completion's text: decode(prompt + ids) past decode(prompt)
-      std::vector<int32_t> all = p.r.prompt;
+      const auto q = static_cast<size_t>(e.choice / p.r.n);  // its prompt
+      const std::string& base = bases[q];
+      std::vector<int32_t> all = p.prompts[q];
       all.insert(all.end(), ch.ids.begin(), ch.ids.end());
       std::string full = tok_->decode(all);
       full = full.compare(0, base.size(), base) == 0 ? full.substr(base.size()) : tok_->decode(ch.ids);
@@ -665,11 +707,29 @@ class Server {
 
   void completions(const http::Request& req, http::Response& res) {
     auto p = std::make_shared<CompletionParams>(parse_completion(req.body));
-    auto c = std::make_shared<Completion>(p->r.n);
-    auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(p->r.n));
-    const std::string base = tok_->decode(p->r.prompt);
-    // the sink holds the Completion alive for the scheduler
-    sched_->submit(p->r, [c](const TokenEvent& e) { return c->take(e); });
+    const int64_t n = p->r.n, N = static_cast<int64_t>(p->prompts.size()) * n;  // choices in all
+    auto c = std::make_shared<Completion>(N);
+    auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(N));
+    std::vector<std::string> bases;
+    for (const auto& q : p->prompts) bases.push_back(tok_->decode(q));
+    // each prompt one request to the scheduler, its choices numbered after the earlier prompts';
+    // the sinks hold the Completion alive for the scheduler. A prompt refused (a full queue)
+    // stops the ones already submitted.
+    for (size_t k = 0; k < p->prompts.size(); ++k) {
+      CompletionRequest r = p->r;
+      r.prompt = p->prompts[k];
+      const int64_t offset = static_cast<int64_t>(k) * n;
+      try {
+        sched_->submit(r, [c, offset](const TokenEvent& e) {
+          TokenEvent moved = e;
+          moved.choice += offset;
+          return c->take(moved);
+        });
+      } catch (...) {
+        c->gone = true;
+        throw;
+      }
+    }
     const std::string cid = "cmpl-" + std::to_string(++next_id_);
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
@@ -678,29 +738,29 @@ class Server {
       return std::all_of(choices->begin(), choices->end(), [](const ChoiceText& t) { return t.ended; });
     };
     if (!p->stream) {
-      std::vector<Json> lp(static_cast<size_t>(p->r.n), Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}});
+      std::vector<Json> lp(static_cast<size_t>(N), Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}});
       while (!all_ended()) {
         {
           std::unique_lock<std::mutex> lock(c->mu);
           c->cv.wait(lock, [&] { return !c->events.empty(); });
         }
-        for (const Delta& d : fold(*c, *choices, *p, base))
+        for (const Delta& d : fold(*c, *choices, *p, bases))
           if (!d.logprobs.is_null())
             for (const char* k : {"tokens", "token_logprobs", "top_logprobs"})
               lp[static_cast<size_t>(d.choice)][k].push_back(d.logprobs[k][0]);
       }
       Json out = {{"id", cid}, {"object", "text_completion"}, {"created", created}, {"model", id_}};
       int64_t generated = 0;
-      for (int64_t i = 0; i < p->r.n; ++i) {
+      for (int64_t i = 0; i < N; ++i) {
         const ChoiceText& ch = (*choices)[static_cast<size_t>(i)];
         if (ch.finish.rfind("error: ", 0) == 0) throw HttpError{500, ch.finish.substr(7), "server_error", ""};
         generated += static_cast<int64_t>(ch.ids.size());
         out["choices"].push_back({{"index", i},
-                                  {"text", (p->echo ? p->prompt_text : std::string()) + ch.text},
+                                  {"text", (p->echo ? p->prompt_texts[static_cast<size_t>(i / n)] : std::string()) + ch.text},
                                   {"logprobs", p->r.top_logprobs > 0 ? lp[static_cast<size_t>(i)] : Json(nullptr)},
                                   {"finish_reason", ch.finish}});
       }
-      const auto P = static_cast<int64_t>(p->r.prompt.size());
+      const int64_t P = p->prompt_tokens();
       out["usage"] = {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}};
       res.body = dump(out);
       return;
@@ -708,7 +768,7 @@ class Server {
     // streaming: server-sent events, one chunk per settled piece of text, then [DONE]
     // on this worker thread, after the handler returns; the Completion ends as the stream does
     res.content_type = "text/event-stream";
-    res.stream = [this, p, c, choices, base, cid, created, all_ended](http::ChunkSink& sink) {
+    res.stream = [this, p, c, choices, bases, cid, created, all_ended, n, N](http::ChunkSink& sink) {
           struct End {
             Completion& c;
             ~End() { c.gone = true; }  // however it ended, the scheduler may free the slots
@@ -727,21 +787,21 @@ class Server {
             return sink.write("data: " + dump(j) + "\n\n");
           };
           if (p->echo)
-            for (int64_t i = 0; i < p->r.n; ++i)
-              if (!chunk(i, p->prompt_text, nullptr, "")) return;
+            for (int64_t i = 0; i < N; ++i)
+              if (!chunk(i, p->prompt_texts[static_cast<size_t>(i / n)], nullptr, "")) return;
           while (!all_ended()) {
             {
               std::unique_lock<std::mutex> lock(c->mu);
               c->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !c->events.empty(); });
             }
             if (!sink.open()) return;  // the client went away
-            for (const Delta& d : fold(*c, *choices, *p, base))
+            for (const Delta& d : fold(*c, *choices, *p, bases))
               if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
           }
           if (p->include_usage) {
             int64_t generated = 0;
             for (const ChoiceText& ch : *choices) generated += static_cast<int64_t>(ch.ids.size());
-            const auto P = static_cast<int64_t>(p->r.prompt.size());
+            const int64_t P = p->prompt_tokens();
             const Json j = {{"id", cid},
                             {"object", "text_completion"},
                             {"created", created},
