@@ -282,6 +282,10 @@ def lm_checks(ck, qkv, lm):
         ck.report(st == 200 and completion_ok(alone), "a greedy completion", alone)
         st, again = s.request("POST", "/v1/completions", base)
         ck.report(again["choices"][0]["text"] == alone["choices"][0]["text"], "greedy is deterministic")
+        st, b = s.request("POST", "/v1/completions", dict(base, suffix=None))
+        st2, b2 = s.request("POST", "/v1/completions", dict(base, suffix=""))
+        ck.report(st == st2 == 200 and b["choices"][0]["text"] == b2["choices"][0]["text"] == alone["choices"][0]["text"],
+                  "a null or empty suffix is accepted", (b, b2))
         # under load: parallel clients, the same request among others
         results = completions_at_once(s, 16, lambda i: dict(base) if i % 3 == 0 else {
             "prompt": "In the beginning %d" % i, "max_tokens": 10 + i % 7, "temperature": 0.9, "seed": i})
@@ -396,6 +400,8 @@ def lm_checks(ck, qkv, lm):
             ("n over the slots", {"prompt": "x", "n": 5}, None, 400, "n", None),
             ("stream a string", {"prompt": "x", "stream": "yes"}, None, 400, "stream", None),
             ("stop of 5 strings", {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, None, 400, "stop", None),
+            ("a suffix (no fill-in-the-middle)", {"prompt": "x", "suffix": "end"}, None, 400, "suffix", None),
+            ("a suffix that is a number", {"prompt": "x", "suffix": 3}, None, 400, "suffix", None),
             ("a batch holding a number", {"prompt": ["a", 7]}, None, 400, "prompt", None),
             ("a batch's token id outside", {"prompt": [[1], [1, 999999]]}, None, 400, "prompt", None),
             ("a batch's prompt over the context", {"prompt": ["x", "y" * 60], "max_tokens": 64}, None, 400,

@@ -517,6 +517,10 @@ class Server {
     CompletionParams p;
     if (const Json* m = f.get("model"); m && !m->is_string()) bad("model", "'model' must be a string");
     f.get("user");  // OpenAI's end-user tag: not used
+    if (const Json* sfx = f.get("suffix"); sfx && !sfx->is_null() && !(sfx->is_string() && sfx->get<std::string>().empty()))
+      bad("suffix", sfx->is_string() ? "'suffix' asks for text inserted before it (fill-in-the-middle); this model "
+                                       "only continues a prompt, so only a null or empty suffix is accepted"
+                                     : "'suffix' is " + sfx->dump() + "; expected a string or null");
     const Json* prompt = f.get("prompt");
     if (!prompt) bad("prompt", "'prompt' is required (a string, a list of token ids, or a list of either)");
     // one prompt: a string or a list of token ids; a batch: a list of strings or of lists of ids
