@@ -343,6 +343,30 @@ def lm_checks(ck, qkv, lm):
         for bad_prompt in ([base["prompt"], [5, 6]], [[5, 6], []], ["ok", 5], ["p"] * 65, []):
             st, b = s.request("POST", "/v1/completions", dict(base, prompt=bad_prompt))
             error_of(ck, "prompt %s: 400" % json.dumps(bad_prompt)[:60], st, b, 400, param="prompt")
+        # /tokenize and /detokenize (llama.cpp's shapes): ids, pieces (bytes that are not whole
+        # characters as lists of byte values), the round trip, and bad fields
+        text = "And God said \u00e9"
+        st, b = s.request("POST", "/tokenize", {"content": text})
+        ck.report(st == 200 and b == {"tokens": [c + 3 for c in text.encode("utf-8")]}, "/tokenize", b)
+        st, b = s.request("POST", "/tokenize", {"content": text, "with_pieces": True})
+        want = [{"id": c + 3, "piece": chr(c)} for c in text.encode("utf-8")[:-2]] + \
+               [{"id": 0xC3 + 3, "piece": [0xC3]}, {"id": 0xA9 + 3, "piece": [0xA9]}]
+        ck.report(st == 200 and b == {"tokens": want}, "/tokenize with_pieces: part of a character as bytes", b)
+        st, b = s.request("POST", "/tokenize", {"content": "x", "add_special": True})
+        ck.report(st == 200 and b == {"tokens": [ord("x") + 3]}, "/tokenize add_special (the byte tokenizer adds none)", b)
+        st, d = s.request("POST", "/detokenize", {"tokens": [c + 3 for c in text.encode("utf-8")]})
+        ck.report(st == 200 and d == {"content": text}, "/detokenize inverts /tokenize", d)
+        st, d = s.request("POST", "/detokenize", {"tokens": [1, 0xC3 + 3]})
+        ck.report(st == 200 and d == {"content": "\ufffd"}, "/detokenize: specials dropped, a broken character U+FFFD", d)
+        for route, body, param in (("/tokenize", {}, "content"), ("/tokenize", {"content": ["a"]}, "content"),
+                                   ("/tokenize", {"content": "a", "with_pieces": 1}, "with_pieces"),
+                                   ("/tokenize", {"content": "a", "parse_special": True}, "parse_special"),
+                                   ("/detokenize", {"tokens": [5, 999]}, "tokens"), ("/detokenize", {}, "tokens"),
+                                   ("/detokenize", {"tokens": "5"}, "tokens")):
+            st, b = s.request("POST", route, body)
+            error_of(ck, "%s %s: 400" % (route, json.dumps(body)), st, b, 400, param=param)
+        st, b = s.request("POST", "/tokenize", {"content": "a"}, key=None)
+        error_of(ck, "/tokenize needs the key", st, b, 401)
         # logit_bias: +100 on one token makes every greedy choice that token, -100 on the first
         # greedy token moves the first choice; and the field is checked
         z = str(ord("z") + 3)  # the byte tokenizer's id of "z"

@@ -328,6 +328,21 @@ TEST(HfDecoder, MetaspaceByteLevelStripAndBpe) {
   EXPECT_EQ(make(file_with(word_level({"x", "y"})))->decode({0, 1}), "x y");
 }
 
+// token_bytes through the decoder (Tokenizer's default): a token's text after an ordinary token,
+// so a Metaspace word start keeps its space; a byte-level token holding part of a character reads
+// U+FFFD there (the documented limit); a token decoding to nothing gives its piece.
+TEST(HfDecoder, TokenBytesAreTheTextATokenAddsAfterAnother) {
+  const auto meta = make(file_with(word_level({"a", "\u2581b", "c"}), nullptr, nullptr, nullptr,
+                                   {{"type", "Metaspace"}, {"replacement", "\u2581"}}));
+  EXPECT_EQ(meta->token_bytes(1), " b");
+  EXPECT_EQ(meta->token_bytes(2), "c");
+  const auto bl = make(file_with(word_level({"a", "\u0120h\u00c3\u00a9", "\u00c3"}), nullptr, nullptr, nullptr,
+                                 {{"type", "ByteLevel"}}));
+  EXPECT_EQ(bl->token_bytes(1), " h\u00e9");
+  EXPECT_EQ(bl->token_bytes(2), "\xEF\xBF\xBD");
+  expect_mentions(error_of([&] { bl->token_bytes(99); }), {"token id 99"});
+}
+
 TEST(HfSpecialTokens, FromConfigOrUsualSpellings) {
   const Json added = Json::array({{{"id", 0}, {"content", "<s>"}, {"special", true}},
                                   {{"id", 1}, {"content", "</s>"}, {"special", true}},

@@ -289,6 +289,30 @@ TEST(Gpt2Tokenizer, RoundTripsEveryText) {
   for (const std::string& t : kTexts) EXPECT_EQ(tok->decode(tok->encode(t)), t);
 }
 
+// token_bytes (llama.cpp's /tokenize pieces): each token's own bytes, so that a text's tokens
+// concatenate to the text itself, a split character included; specials give their piece.
+std::string joined_bytes(const Tokenizer& tok, const std::string& text) {
+  std::string out;
+  for (int32_t id : tok.encode(text)) out += tok.token_bytes(id);
+  return out;
+}
+
+TEST(TokenBytes, ByteAndGpt2TokensConcatenateToTheText) {
+  const auto byte = qkv::make_byte_tokenizer();
+  const auto gpt2 = hello_fixture().tokenizer();
+  for (const std::string& t : kTexts) {
+    EXPECT_EQ(joined_bytes(*byte, t), t);
+    EXPECT_EQ(joined_bytes(*gpt2, t), t);
+  }
+  EXPECT_EQ(byte->token_bytes(3 + 0xF0), "\xF0");  // the first byte of a 4-byte character alone
+  EXPECT_EQ(byte->token_bytes(byte->bos_id()), byte->piece(byte->bos_id()));
+  EXPECT_EQ(gpt2->token_bytes(gpt2->eos_id()), "<|endoftext|>");
+  EXPECT_EQ(gpt2->token_bytes(hello_fixture().ids.at(" hello")), " hello");
+  expect_mentions(error_of([&] { byte->token_bytes(259); }), {"token id 259", "[0, 259)"});
+  expect_mentions(error_of([&] { gpt2->token_bytes(-1); }), {"token id -1"});
+}
+
+
 TEST(Gpt2Tokenizer, DecodeReplacesBrokenUtf8AndRejectsBadIds) {
   const Fixture& f = hello_fixture();
   const auto tok = f.tokenizer();
@@ -549,6 +573,27 @@ TEST(SentencePiece, SampledSegmentationsAreReproducibleAndDecodeToTheText) {
   expect_mentions(error_of([&] { tok->encode_sampled({"ok \xED\xA0\x80"}, 0.1, 1); }), {"not valid UTF-8"});
   expect_mentions(error_of([] { qkv::make_byte_tokenizer()->encode_sampled({"x"}, 0.1, 1); }),
                   {"byte tokenizer has no sampled segmentations"});
+}
+
+TEST(TokenBytes, SentencePieceWordStartsKeepTheirSpaceAndBytePiecesAreBytes) {
+  qkv::SentencePieceTrainOptions opt;
+  opt.vocab_size = 400;
+  opt.threads = 1;
+  const auto tok = qkv::train_sentencepiece(corpus(), opt);
+  for (const std::string& t : kNormalText) {
+    // the text's tokens spell it with the space SentencePiece marks its first word with
+    std::string got = joined_bytes(*tok, t);
+    ASSERT_FALSE(got.empty());
+    EXPECT_EQ(got, " " + t) << t;
+  }
+  const Ids cat = tok->encode("the cat");
+  EXPECT_EQ(tok->token_bytes(cat[0]).rfind(" ", 0), 0u) << tok->piece(cat[0]);
+  // an emoji outside the vocabulary: byte pieces, one byte each
+  const Ids emoji = tok->encode("\U0001F600");
+  int bytes = 0;
+  for (int32_t id : emoji) bytes += tok->piece(id).rfind("<0x", 0) == 0 && tok->token_bytes(id).size() == 1;
+  EXPECT_EQ(bytes, 4);
+  EXPECT_EQ(tok->token_bytes(tok->eos_id()), "</s>");
 }
 
 TEST(SentencePiece, RejectsBadOptionsSentencesAndModels) {

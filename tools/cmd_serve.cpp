@@ -460,6 +460,13 @@ class Server {
       need_task(Task::Translate, "/v1/translations");
       translations(req, res);
     }));
+    // llama.cpp's token routes (any model)
+    http_.route("POST", "/tokenize", handler([this](const http::Request& req, http::Response& res) {
+      tokenize(req, res);
+    }));
+    http_.route("POST", "/detokenize", handler([this](const http::Request& req, http::Response& res) {
+      detokenize(req, res);
+    }));
     http_.route("POST", "/v1/classifications", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::Classify, "/v1/classifications");
       classifications(req, res);
@@ -816,6 +823,54 @@ class Server {
           }
           sink.write("data: [DONE]\n\n");
         };
+  }
+
+  // ---- /tokenize, /detokenize (llama.cpp's) -------------------------------------------------------
+
+  // {"content": text, "add_special": false, "with_pieces": false} -> {"tokens": [id, ...]}, or with
+  // pieces [{"id", "piece"}]: the bytes the token adds to a text (Tokenizer::token_bytes), a string
+  // when they are whole UTF-8 characters, else the list of byte values.
+  void tokenize(const http::Request& req, http::Response& res) {
+    Fields f(req.body);
+    const std::vector<std::string> content = f.strings("content", 1, true, false);
+    if (!f.get("content")->is_string()) bad("content", "'content' must be a string");
+    const bool special = f.boolean("add_special", false), pieces = f.boolean("with_pieces", false);
+    f.done();
+    std::vector<int32_t> ids = tok_->encode(content[0]);
+    if (special) ids = tok_->with_special_tokens(ids);
+    Json tokens = Json::array();
+    for (int32_t id : ids) {
+      if (!pieces) {
+        tokens.push_back(id);
+        continue;
+      }
+      const std::string b = tok_->token_bytes(id);
+      Json piece;
+      if (utf8_problem(b).empty()) {
+        piece = b;
+      } else {
+        piece = Json::array();
+        for (unsigned char c : b) piece.push_back(static_cast<int>(c));
+      }
+      tokens.push_back({{"id", id}, {"piece", piece}});
+    }
+    res.body = dump({{"tokens", tokens}});
+  }
+
+  // {"tokens": [id, ...]} -> {"content": the decoded text}
+  void detokenize(const http::Request& req, http::Response& res) {
+    Fields f(req.body);
+    const Json* t = f.get("tokens");
+    f.done();
+    if (!t || !t->is_array())
+      bad("tokens", "'tokens' is required: a list of token ids in [0, " + std::to_string(tok_->vocab_size()) + ")");
+    std::vector<int32_t> ids;
+    for (const Json& e : *t) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tok_->vocab_size())
+        bad("tokens", detail::concat("'tokens' holds ", e.dump(), "; expected token ids in [0, ", tok_->vocab_size(), ")"));
+      ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    res.body = dump({{"content", tok_->decode(ids)}});
   }
 
   // ---- /v1/next-token ---------------------------------------------------------------------------

@@ -50,6 +50,13 @@ class Tokenizer {
   virtual std::vector<std::vector<int32_t>> encode_sampled(const std::vector<std::string>& texts, double alpha,
                                                            uint32_t seed) const;
   virtual bool can_sample() const { return false; }
+  // The bytes token `id` adds to a decoded text where it is not the first token (a SentencePiece
+  // word start keeps its space), raw: a token holding part of a UTF-8 character gives those bytes.
+  // A token that decodes to nothing (pad, bos, eos, <|endoftext|>) gives its piece ("<s>"). What
+  // llama.cpp's /tokenize calls a token's piece. Byte, GPT-2 and SentencePiece tokenizers give the
+  // bytes themselves; the others: decode(a, id) past decode(a) for an ordinary token a (so part of
+  // a character there reads U+FFFD). Throws qkv::Error for an id out of range.
+  virtual std::string token_bytes(int32_t id) const;
   // A target-side text (a translation's reference): Marian encodes it with its target model.
   virtual std::vector<int32_t> encode_target(std::string_view text) const { return encode(text); }
   // `ids` of one sequence with the special tokens the tokenizer puts around a model's input

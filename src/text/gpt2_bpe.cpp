@@ -249,6 +249,11 @@ class Gpt2Tokenizer final : public Tokenizer {
     return ids;
   }
 
+  std::string token_bytes(int32_t id) const override {
+    check(id >= 0 && id < vocab_size(), "GPT-2 tokenizer: token id ", id, " is outside [0, ", vocab_size(), ")");
+    return id == eot_ ? piece(id) : tokens_[static_cast<size_t>(id)];
+  }
+
   std::string decode(const std::vector<int32_t>& ids) const override {
     // bytes <- concat(tokens[id]) without <|endoftext|>; then invalid UTF-8 -> U+FFFD
     std::string bytes;

@@ -126,6 +126,22 @@ class SentencePieceTokenizer final : public Tokenizer {
   }
   bool can_sample() const override { return true; }
 
+  // The piece with its word-start mark "▁" as a space; a byte piece "<0xNN>" as that byte;
+  // control and unknown pieces as themselves.
+  std::string token_bytes(int32_t id) const override {
+    check(id >= 0 && id < vocab_size(), "SentencePiece tokenizer: token id ", id, " is outside [0, ", vocab_size(), ")");
+    const std::string p = sp_->IdToPiece(id);
+    if (sp_->IsControl(id) || sp_->IsUnknown(id) || sp_->IsUnused(id)) return p;
+    if (sp_->IsByte(id) && p.size() == 6 && p.compare(0, 3, "<0x") == 0)
+      return std::string(1, static_cast<char>(std::stoi(p.substr(3, 2), nullptr, 16)));
+    std::string out;
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p.compare(i, 3, "\xE2\x96\x81") == 0) out += ' ', i += 2;
+      else out += p[i];
+    }
+    return out;
+  }
+
   // SentencePiece drops control pieces (pad, bos, eos) itself and joins byte pieces.
   std::string decode(const std::vector<int32_t>& ids) const override {
     const int64_t n = vocab_size();

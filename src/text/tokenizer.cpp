@@ -145,6 +145,11 @@ class ByteTokenizer final : public Tokenizer {
     return utf8_replace_invalid(bytes);
   }
 
+  std::string token_bytes(int32_t id) const override {
+    check(id >= 0 && id < kVocab, "byte tokenizer: token id ", id, " is outside [0, ", kVocab, ")");
+    return id >= kFirstByte ? std::string(1, static_cast<char>(id - kFirstByte)) : piece(id);
+  }
+
   // Printable ASCII as itself, space as "▁", any other byte as <0xNN>.
   std::string piece(int32_t id) const override {
     check(id >= 0 && id < kVocab, "byte tokenizer: piece id ", id, " is outside [0, ", kVocab, ")");
@@ -268,6 +273,20 @@ std::vector<int32_t> encode_input(const Tokenizer& tok, std::string_view text, i
     if (static_cast<int64_t>(ids.size()) > max_len - specials) ids.resize(static_cast<size_t>(max_len - specials));
   }
   return tok.with_special_tokens(ids);
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  check(id >= 0 && id < vocab_size(), type(), " tokenizer: token id ", id, " is outside [0, ", vocab_size(), ")");
+  // decode(a, id) past decode(a): the token's text where another precedes it
+  const std::vector<int32_t> a = encode("a");
+  if (!a.empty()) {
+    const std::string base = decode(a);
+    std::vector<int32_t> ids = a;
+    ids.push_back(id);
+    const std::string both = decode(ids);
+    if (both.size() > base.size() && both.compare(0, base.size(), base) == 0) return both.substr(base.size());
+  }
+  return piece(id);  // a token that decodes to nothing
 }
 
 std::vector<std::vector<int32_t>> Tokenizer::encode_sampled(const std::vector<std::string>& texts, double alpha,
