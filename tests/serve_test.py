@@ -205,6 +205,29 @@ def cors_checks(ck, qkv, lm):
                   "--cors-origin %s is refused" % bad, p.stderr)
 
 
+def sentencepiece_checks(ck, qkv, work):
+    """A language model with a SentencePiece vocabulary: the logprobs' tokens of a completion
+    concatenate to its text (word starts keep their space), and /tokenize's pieces to the content
+    with SentencePiece's leading space."""
+    lm = os.path.join(work, "lm_spm")
+    shutil.rmtree(lm, ignore_errors=True)
+    run([qkv, "--threads", "2", "train", "--steps", "30", "--preset", "tiny", "--max-len", "48", "--seed", "1",
+         "--task", "lm", "--data", os.path.join(work, "text.txt"), "--out", lm, "--vocab", "300"])
+    s = Server(qkv, lm)
+    try:
+        st, b = s.request("POST", "/v1/completions", {"prompt": "And God said", "max_tokens": 12, "temperature": 0,
+                                                      "logprobs": 1})
+        c = b["choices"][0] if st == 200 else {}
+        toks = c.get("logprobs", {}).get("tokens", [])
+        ck.report(st == 200 and len(toks) > 0 and "".join(toks) == c["text"] and any(t.startswith(" ") for t in toks),
+                  "SentencePiece logprobs: the tokens concatenate to the text", (toks, c.get("text")))
+        st, b = s.request("POST", "/tokenize", {"content": "And God said let", "with_pieces": True})
+        pieces = [t["piece"] for t in b.get("tokens", [])] if st == 200 else []
+        ck.report(st == 200 and "".join(pieces) == " And God said let", "SentencePiece /tokenize pieces", pieces)
+    finally:
+        s.stop()
+
+
 def tiny_lm(qkv, work, steps=4):
     """A tiny language model (byte tokenizer) trained for `steps` steps on 300 lines made here:
     work/lm. For the tests and benchmarks that need any language model to serve."""
@@ -791,6 +814,7 @@ def main():
     ck = Checks()
     lm_checks(ck, qkv, lm)
     cors_checks(ck, qkv, lm)
+    sentencepiece_checks(ck, qkv, work)
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     inspect_checks(ck, qkv, lm, tr, work)

@@ -632,12 +632,13 @@ class Server {
     return p;
   }
 
-  // A token as text for logprobs: its decoded text, or its piece when that is empty (a special
-  // token such as </s>), or "<id N>" for a row of the model's table the tokenizer lacks.
+  // A token as text for logprobs: the bytes it adds to the text (Tokenizer::token_bytes: a
+  // SentencePiece word start keeps its space, so a choice's tokens concatenate to its text), its
+  // piece for a special token such as </s>, or "<id N>" for a row of the model's table the
+  // tokenizer lacks. (Bytes that are part of a character read U+FFFD in the JSON.)
   std::string token_text(int32_t id) const {
     if (id >= tok_->vocab_size()) return "<id " + std::to_string(id) + ">";
-    std::string t = tok_->decode({id});
-    return t.empty() ? tok_->piece(id) : t;
+    return tok_->token_bytes(id);
   }
 
   // Folds the events waiting in `c` into the choices' texts; returns the chunks of newly settled
