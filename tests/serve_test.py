@@ -390,6 +390,34 @@ def lm_checks(ck, qkv, lm):
             error_of(ck, "%s %s: 400" % (route, json.dumps(body)), st, b, 400, param=param)
         st, b = s.request("POST", "/tokenize", {"content": "a"}, key=None)
         error_of(ck, "/tokenize needs the key", st, b, 401)
+        # echo with logprobs scores the prompt too (the first token null), max_tokens 0 generates
+        # nothing (lm-evaluation-harness's log-likelihood requests), text_offset where each token
+        # starts; a generated token's logprob equals the score of the same token echoed back
+        prompt = "And God said"
+        st, g = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 3, "temperature": 0,
+                                                      "logprobs": 2})
+        st2, e = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 3, "temperature": 0,
+                                                       "logprobs": 2, "echo": True})
+        gl, el = g["choices"][0]["logprobs"], e["choices"][0]["logprobs"]
+        P = len(prompt)
+        ck.report(st == st2 == 200 and el["tokens"] == list(prompt) + gl["tokens"] and el["token_logprobs"][0] is None
+                  and el["top_logprobs"][0] is None and el["token_logprobs"][P:] == gl["token_logprobs"] and
+                  all(isinstance(v, float) and v <= 0 and len(el["top_logprobs"][t]) == 2 and
+                      max(el["top_logprobs"][t].values()) >= v - 1e-9 for t, v in enumerate(el["token_logprobs"]) if t)
+                  and el["text_offset"] == list(range(P + 3)) and gl["text_offset"] == [P, P + 1, P + 2] and
+                  e["choices"][0]["text"] == prompt + g["choices"][0]["text"],
+                  "echo with logprobs: the prompt's tokens scored, then the completion's", el)
+        st, z = s.request("POST", "/v1/completions", {"prompt": prompt + g["choices"][0]["text"][:1], "max_tokens": 0,
+                                                      "echo": True, "logprobs": 1})
+        zl = z["choices"][0]["logprobs"] if st == 200 else {}
+        ck.report(st == 200 and z["choices"][0]["text"] == prompt + g["choices"][0]["text"][:1] and
+                  z["usage"]["completion_tokens"] == 0 and z["choices"][0]["finish_reason"] == "length" and
+                  abs(zl["token_logprobs"][-1] - gl["token_logprobs"][0]) < 1e-4,
+                  "max_tokens 0 with echo: the prompt scored as generation scored its token", (zl, gl))
+        st, b = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0})
+        error_of(ck, "max_tokens 0 without echo: 400", st, b, 400, param="max_tokens")
+        st, b = s.stream({"prompt": prompt, "max_tokens": 0, "echo": True})
+        error_of(ck, "max_tokens 0 streamed: 400", st, b, 400, param="max_tokens")
         # logit_bias: +100 on one token makes every greedy choice that token, -100 on the first
         # greedy token moves the first choice; and the field is checked
         z = str(ord("z") + 3)  # the byte tokenizer's id of "z"

@@ -315,6 +315,28 @@ TEST(Generate, LogitBiasForcesAndBansTokens) {
   EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("logit_bias holds token 3"), std::string::npos);
 }
 
+// score_tokens (one parallel pass) against next_token_logprobs (the cache path) on every prefix:
+// each token's log-probability and the top tokens agree to float rounding; position 0 has none.
+TEST(Generate, ScoreTokensIsTheNextTokenLogprobOfEveryPrefix) {
+  const Model m = make(decoder_config(Positional::Learned));
+  const std::vector<int32_t> ids = {4, 9, 2, 17, 5, 5, 20, 1};
+  const TokenScores s = score_tokens(m, ids, 3);
+  ASSERT_EQ(s.logprob.size(), ids.size());
+  EXPECT_TRUE(std::isnan(s.logprob[0]) && s.top[0].empty());
+  for (size_t t = 1; t < ids.size(); ++t) {
+    const std::vector<float> lp = next_token_logprobs(m, {std::vector<int32_t>(ids.begin(), ids.begin() + t)})[0];
+    EXPECT_NEAR(s.logprob[t], lp[static_cast<size_t>(ids[t])], 1e-5) << t;
+    ASSERT_EQ(s.top[t].size(), 3u);
+    const auto best = std::max_element(lp.begin(), lp.end()) - lp.begin();
+    EXPECT_EQ(s.top[t][0].first, best) << t;
+    EXPECT_NEAR(s.top[t][0].second, lp[static_cast<size_t>(best)], 1e-5);
+    EXPECT_GE(s.top[t][0].second, s.top[t][1].second);
+    EXPECT_GE(s.top[t][1].second, s.top[t][2].second);
+  }
+  EXPECT_TRUE(score_tokens(m, ids, 0).top[3].empty());
+  EXPECT_NE(error_of([&] { score_tokens(m, {4, 99}, 1); }).find("outside the vocabulary"), std::string::npos);
+}
+
 TEST(Translate, CachedEqualsFullRecomputationAndBatchesEqualSingles) {
   for (bool norm_first : {false, true}) {
     ModelConfig c = encdec_config();

@@ -572,7 +572,10 @@ class Server {
                                    kMaxPrompts, " strings or lists of token ids (a batch)"));
     }
     p.r.prompt = p.prompts[0];
-    p.r.max_tokens = f.integer("max_tokens", 1, o_.max_tokens, std::min<int64_t>(16, o_.max_tokens));
+    // max_tokens 0 only with echo: the prompt scored, nothing generated (an evaluation harness's
+    // log-likelihood request)
+    p.echo = f.boolean("echo", false);
+    p.r.max_tokens = f.integer("max_tokens", p.echo ? 0 : 1, o_.max_tokens, std::min<int64_t>(16, o_.max_tokens));
     const double temperature = f.number("temperature", 0, 100, 1.0);
     p.r.sampling.greedy = temperature == 0;
     p.r.sampling.temperature = static_cast<float>(temperature == 0 ? 1.0 : temperature);
@@ -617,7 +620,8 @@ class Server {
         p.include_usage = it->get<bool>();
       }
     }
-    p.echo = f.boolean("echo", false);
+    if (p.r.max_tokens == 0 && p.stream)
+      bad("max_tokens", "'max_tokens' 0 (score the prompt, generate nothing) is not streamed; send it without stream");
     for (const char* k : {"presence_penalty", "frequency_penalty"})
       if (f.number(k, -2, 2, 0) != 0) bad(k, detail::concat("'", k, "' is not supported (use repetition_penalty)"));
     p.stop = f.strings("stop", 4, false, true);
@@ -630,6 +634,13 @@ class Server {
                                          " (", p.prompts[k].size(), " tokens) + max_tokens (", p.r.max_tokens,
                                          ") exceed the model's context of ", context, " tokens"));
     return p;
+  }
+
+  // Characters in UTF-8 text (bytes that do not continue a character; a stray byte counts as one).
+  static int64_t utf8_length(const std::string& s) {
+    int64_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
   }
 
   // A token as text for logprobs: the bytes it adds to the text (Tokenizer::token_bytes: a
@@ -724,10 +735,20 @@ class Server {
     auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(N));
     std::vector<std::string> bases;
     for (const auto& q : p->prompts) bases.push_back(tok_->decode(q));
+    // echo with logprobs: the prompts' own tokens scored too (one forward pass each, on the
+    // scheduler's thread, between decoding steps)
+    std::vector<TokenScores> scores;
+    if (p->echo && p->r.top_logprobs > 0)
+      for (const auto& q : p->prompts) {
+        const int64_t top = p->r.top_logprobs;
+        scores.push_back(sched_->run([&q, top](const Model& m) { return score_tokens(m, q, top); }).get());
+      }
+    if (p->r.max_tokens == 0)  // nothing to generate: every choice ends at once
+      for (ChoiceText& ch : *choices) ch.ended = true, ch.finish = "length";
     // each prompt one request to the scheduler, its choices numbered after the earlier prompts';
     // the sinks hold the Completion alive for the scheduler. A prompt refused (a full queue)
     // stops the ones already submitted.
-    for (size_t k = 0; k < p->prompts.size(); ++k) {
+    for (size_t k = 0; k < p->prompts.size() && p->r.max_tokens > 0; ++k) {
       CompletionRequest r = p->r;
       r.prompt = p->prompts[k];
       const int64_t offset = static_cast<int64_t>(k) * n;
@@ -751,6 +772,23 @@ class Server {
     };
     if (!p->stream) {
       std::vector<Json> lp(static_cast<size_t>(N), Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}});
+      for (int64_t i = 0; i < N && !scores.empty(); ++i) {
+        // the prompt's tokens first: the first has no log-probability (nothing precedes it)
+        const auto k = static_cast<size_t>(i / n);
+        Json& l = lp[static_cast<size_t>(i)];
+        for (size_t t = 0; t < p->prompts[k].size(); ++t) {
+          l["tokens"].push_back(token_text(p->prompts[k][t]));
+          if (t == 0) {
+            l["token_logprobs"].push_back(nullptr);
+            l["top_logprobs"].push_back(nullptr);
+            continue;
+          }
+          l["token_logprobs"].push_back(scores[k].logprob[t]);
+          Json top = Json::object();
+          for (const auto& [id, v] : scores[k].top[t]) top[token_text(id)] = v;
+          l["top_logprobs"].push_back(top);
+        }
+      }
       while (!all_ended()) {
         {
           std::unique_lock<std::mutex> lock(c->mu);
@@ -767,6 +805,17 @@ class Server {
         const ChoiceText& ch = (*choices)[static_cast<size_t>(i)];
         if (ch.finish.rfind("error: ", 0) == 0) throw HttpError{500, ch.finish.substr(7), "server_error", ""};
         generated += static_cast<int64_t>(ch.ids.size());
+        if (p->r.top_logprobs > 0) {
+          // text_offset: where each token starts in the choice's text (with echo, the prompt's
+          // start), in characters
+          Json& l = lp[static_cast<size_t>(i)];
+          int64_t at = p->echo ? 0 : utf8_length(p->prompt_texts[static_cast<size_t>(i / n)]);
+          l["text_offset"] = Json::array();
+          for (const Json& t : l["tokens"]) {
+            l["text_offset"].push_back(at);
+            at += utf8_length(t.get<std::string>());
+          }
+        }
         out["choices"].push_back({{"index", i},
                                   {"text", (p->echo ? p->prompt_texts[static_cast<size_t>(i / n)] : std::string()) + ch.text},
                                   {"logprobs", p->r.top_logprobs > 0 ? lp[static_cast<size_t>(i)] : Json(nullptr)},

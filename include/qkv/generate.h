@@ -91,6 +91,16 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
 // row-major, using the cache path. For tests and `qkv generate --top`.
 std::vector<std::vector<float>> next_token_logprobs(const Model& model, const std::vector<std::vector<int32_t>>& prompts);
 
+// Decoder-only scoring of a whole sequence (what an evaluation harness asks of "echo" with
+// logprobs): for each position t >= 1, log p(ids[t] | ids[0..t-1]) and, with top > 0, the `top`
+// most probable tokens there with their log-probabilities (most probable first, ties by id), all
+// from one parallel forward pass, log-softmax in double. Position 0 has none (NaN, empty).
+struct TokenScores {
+  std::vector<double> logprob;                                    // (T), [0] NaN
+  std::vector<std::vector<std::pair<int32_t, double>>> top;       // (T), [0] empty
+};
+TokenScores score_tokens(const Model& model, const std::vector<int32_t>& ids, int64_t top);
+
 // The token a sampling configuration picks from one row of logits (V), given the row's tokens so
 // far (for the repetition penalty): what generate() does at each step, for schedulers that drive
 // decoding themselves. Greedy ignores `rng`.

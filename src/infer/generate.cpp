@@ -703,6 +703,37 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
   return out;
 }
 
+TokenScores score_tokens(const Model& model, const std::vector<int32_t>& ids, int64_t top) {
+  const ModelConfig& c = model.config();
+  check(c.arch == Arch::Decoder, "score_tokens: the model is ", arch_name(c.arch), ", not decoder-only");
+  check(top >= 0, "score_tokens: top = ", top, ", expected >= 0");
+  check_ids("score_tokens", {ids}, c.vocab_size, "sequence");
+  const auto T = static_cast<int64_t>(ids.size());
+  Batch b;
+  b.input = Tensor::from<int64_t>({1, T}, std::vector<int64_t>(ids.begin(), ids.end()));
+  Tape tape;
+  tape.recording = false;
+  const Tensor logits = model.logits(tape, b)->value.contiguous();  // (1, T, V)
+  const int64_t V = c.vocab_size;
+  TokenScores out;
+  out.logprob.assign(static_cast<size_t>(T), std::numeric_limits<double>::quiet_NaN());
+  out.top.resize(static_cast<size_t>(T));
+  for (int64_t t = 1; t < T; ++t) {
+    const float* row = logits.data<float>() + (t - 1) * V;
+    check_finite_logits(row, V, "score_tokens", 0, t - 1);
+    const std::vector<double> lp = log_softmax(row, V);
+    out.logprob[static_cast<size_t>(t)] = lp[static_cast<size_t>(ids[static_cast<size_t>(t)])];
+    if (top == 0) continue;
+    std::vector<int32_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t k = std::min(top, V);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int32_t a, int32_t z) { return lp[a] > lp[z] || (lp[a] == lp[z] && a < z); });
+    for (int64_t i = 0; i < k; ++i) out.top[static_cast<size_t>(t)].emplace_back(order[i], lp[order[i]]);
+  }
+  return out;
+}
+
 std::vector<std::vector<float>> next_token_logprobs(const Model& model,
                                                     const std::vector<std::vector<int32_t>>& prompts) {
   const ModelConfig& c = model.config();
