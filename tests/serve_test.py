@@ -228,6 +228,53 @@ def sentencepiece_checks(ck, qkv, work):
         s.stop()
 
 
+def metrics_checks(ck, qkv, lm):
+    """--metrics: GET /metrics in Prometheus' text format; its counters move by what the requests
+    in between did; without --metrics the route does not exist."""
+    import re
+    sample = re.compile(r'^[a-z_]+(\{code="[0-9]{3}"\})? -?[0-9]+$')
+
+    def scrape(s):
+        c = http.client.HTTPConnection(s.host, s.port, timeout=60)
+        c.request("GET", "/metrics")
+        r = c.getresponse()
+        text = r.read().decode("utf-8")
+        ctype = r.getheader("Content-Type")
+        c.close()
+        values = {}
+        ok = r.status == 200 and ctype.startswith("text/plain; version=0.0.4")
+        for line in text.splitlines():
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                continue
+            ok = ok and bool(sample.match(line))
+            name, v = line.rsplit(" ", 1)
+            values[name] = int(v)
+        return ok, values
+
+    s = Server(qkv, lm, "--metrics", "--slots", "3")
+    try:
+        ok0, m0 = scrape(s)
+        st, b = s.request("POST", "/v1/completions", {"prompt": "And God", "max_tokens": 5, "temperature": 0})
+        st2, _ = s.stream({"prompt": "And", "max_tokens": 4, "temperature": 0})
+        s.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": -1})
+        ok1, m1 = scrape(s)
+        d = lambda k: m1.get(k, 0) - m0.get(k, 0)
+        ck.report(ok0 and ok1 and st == st2 == 200 and d("qkv_completions_total") == 2 and
+                  d("qkv_prompt_tokens_total") == b["usage"]["prompt_tokens"] + 3 and
+                  d("qkv_generated_tokens_total") == b["usage"]["completion_tokens"] + 4 and
+                  d('qkv_http_responses_total{code="400"}') == 1 and d('qkv_http_responses_total{code="200"}') >= 3 and
+                  m1["qkv_slots"] == 3 and m1["qkv_requests_waiting"] == 0,
+                  "/metrics: Prometheus text; counters move by the requests' usage and answers", (m0, m1))
+    finally:
+        s.stop()
+    s = Server(qkv, lm)
+    try:
+        st, b = s.request("GET", "/metrics")
+        ck.report(st == 404, "without --metrics there is no /metrics", (st, b))
+    finally:
+        s.stop()
+
+
 def tiny_lm(qkv, work, steps=4):
     """A tiny language model (byte tokenizer) trained for `steps` steps on 300 lines made here:
     work/lm. For the tests and benchmarks that need any language model to serve."""
@@ -843,6 +890,7 @@ def main():
     lm_checks(ck, qkv, lm)
     cors_checks(ck, qkv, lm)
     sentencepiece_checks(ck, qkv, work)
+    metrics_checks(ck, qkv, lm)
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     inspect_checks(ck, qkv, lm, tr, work)

@@ -25,6 +25,7 @@
 #include <functional>
 #include <future>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -57,6 +58,7 @@ namespace http = qkv::http;
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, dtype;
+  bool metrics = false;  // GET /metrics (Prometheus' text format)
   std::vector<std::string> allow_hosts, cors_origins;
   int port = 8080;
   int64_t max_connections = 1024, max_client_connections = 256;
@@ -320,6 +322,8 @@ class Server {
       } catch (const std::exception& e) {
         reply_error(res, {500, e.what(), "server_error", ""});
       }
+      std::lock_guard<std::mutex> lock(status_mu_);
+      ++statuses_[res.status];
     };
   }
 
@@ -396,6 +400,11 @@ class Server {
       const Json j = {{"object", "list"}, {"data", {model_object()}}};
       res.body = dump(j);
     }), true);
+    if (o_.metrics)
+      http_.route("GET", "/metrics", handler([this](const http::Request&, http::Response& res) {
+        res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+        res.body = metrics_text();
+      }), true);
     // models.retrieve(id): the one served model, or OpenAI's 404
     http_.route_prefix("GET", "/v1/models/", handler([this](const http::Request& req, http::Response& res) {
       const std::string id = req.path.substr(std::string("/v1/models/").size());
@@ -471,6 +480,27 @@ class Server {
       need_task(Task::Classify, "/v1/classifications");
       classifications(req, res);
     }));
+  }
+
+  // GET /metrics: Prometheus' text exposition format, counters since the start and gauges now.
+  std::string metrics_text() {
+    std::string out;
+    const auto one = [&](const char* name, const char* type, const char* help, int64_t v) {
+      out += detail::concat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ", v, "\n");
+    };
+    one("qkv_completions_total", "counter", "Completion requests answered (a batch of prompts counts once).",
+        completions_.load());
+    one("qkv_prompt_tokens_total", "counter", "Prompt tokens of the completions answered.", prompt_tokens_.load());
+    one("qkv_generated_tokens_total", "counter", "Tokens generated for the completions answered.",
+        generated_tokens_.load());
+    one("qkv_requests_waiting", "gauge", "Sequences queued for a decoding slot.", sched_->waiting());
+    one("qkv_sequences_decoding", "gauge", "Sequences being decoded.", sched_->decoding());
+    one("qkv_slots", "gauge", "Sequences decoded together at most (--slots).", o_.slots);
+    out += "# HELP qkv_http_responses_total Answers of the API's routes, by status code.\n"
+           "# TYPE qkv_http_responses_total counter\n";
+    std::lock_guard<std::mutex> lock(status_mu_);
+    for (const auto& [code, n] : statuses_) out += detail::concat("qkv_http_responses_total{code=\"", code, "\"} ", n, "\n");
+    return out;
   }
 
   // The served model as OpenAI's model object (and qkv's task).
@@ -741,7 +771,11 @@ class Server {
     if (p->echo && p->r.top_logprobs > 0)
       for (const auto& q : p->prompts) {
         const int64_t top = p->r.top_logprobs;
-        scores.push_back(sched_->run([&q, top](const Model& m) { return score_tokens(m, q, top); }).get());
+        try {
+          scores.push_back(sched_->run([&q, top](const Model& m) { return score_tokens(m, q, top); }).get());
+        } catch (const Error& e) {
+          throw HttpError{500, e.what(), "server_error", ""};  // the model's logits, not the request
+        }
       }
     if (p->r.max_tokens == 0)  // nothing to generate: every choice ends at once
       for (ChoiceText& ch : *choices) ch.ended = true, ch.finish = "length";
@@ -822,6 +856,7 @@ class Server {
                                   {"finish_reason", ch.finish}});
       }
       const int64_t P = p->prompt_tokens();
+      ++completions_, prompt_tokens_ += P, generated_tokens_ += generated;
       out["usage"] = {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}};
       res.body = dump(out);
       return;
@@ -858,6 +893,11 @@ class Server {
             if (!sink.open()) return;  // the client went away
             for (const Delta& d : fold(*c, *choices, *p, bases))
               if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
+          }
+          {
+            int64_t all = 0;
+            for (const ChoiceText& ch : *choices) all += static_cast<int64_t>(ch.ids.size());
+            ++completions_, prompt_tokens_ += p->prompt_tokens(), generated_tokens_ += all;
           }
           if (p->include_usage) {
             int64_t generated = 0;
@@ -1194,6 +1234,10 @@ class Server {
   int port_ = 0;
   std::atomic<bool> draining_{false}, stopped_{false};
   std::atomic<int64_t> next_id_{0};
+  // --metrics: counters since the start
+  std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, completions_{0};
+  std::mutex status_mu_;
+  std::map<int, int64_t> statuses_;  // the routes' answers by status code
   std::mutex tr_mu_;
   std::vector<std::shared_ptr<TranslationItem>> tr_pending_;
 };
@@ -1210,6 +1254,9 @@ void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
       ->transform(whole(0, 65535));
   c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  c->add_flag("--metrics", o->metrics,
+              "Serve GET /metrics: request, token and queue counters in Prometheus' text format (with --api-key it "
+              "needs the key too)");
   c->add_option("--allow-host", o->allow_hosts,
                 "A name clients may reach the server by (the Host header; repeatable). Always allowed: localhost "
                 "and the --host address; others are refused with 403 (DNS rebinding)");
