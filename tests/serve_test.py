@@ -698,6 +698,30 @@ def task_checks(ck, qkv, tr, cls, work):
         ck.report(st == 200 and len(b["translations"]) == 1, "/v1/translations with a beam of 4", b)
         st, b = s.request("POST", "/v1/translations", {"text": ["x"], "beam": 0}, key=None)
         error_of(ck, "400: beam 0", st, b, 400, "beam")
+        # CTranslate2's options: n best with log-probabilities and scores (the first is the
+        # translation, ranked by logprob / length^length_penalty), sampling with a seed
+        st, b = s.request("POST", "/v1/translations", {"text": ["one two three", "five"], "beam": 4, "n": 3},
+                          key=None)
+        nb = b.get("n_best", []) if st == 200 else []
+        ck.report(st == 200 and len(nb) == 2 and all(len(h) == 3 for h in nb) and
+                  [h[0]["text"] for h in nb] == b["translations"] and
+                  [h[0]["logprob"] for h in nb] == b["logprobs"] and
+                  all(h[i]["score"] >= h[i + 1]["score"] for h in nb for i in range(2)) and
+                  all(len({x["text"] for x in h}) == 3 for h in nb),
+                  "/v1/translations n best: distinct, ranked by score, the first the translation", b)
+        st, g1 = s.request("POST", "/v1/translations", {"text": ["one two three"], "beam": 1}, key=None)
+        ck.report(st == 200 and isinstance(g1["logprobs"][0], float) and g1["logprobs"][0] <= 0,
+                  "/v1/translations gives the translation's log-probability", g1)
+        samp = {"text": ["one two three", "nine four"], "beam": 1, "temperature": 1.5, "seed": 9}
+        st, x1 = s.request("POST", "/v1/translations", samp, key=None)
+        st2, x2 = s.request("POST", "/v1/translations", samp, key=None)
+        st3, x3 = s.request("POST", "/v1/translations", dict(samp, text=["nine four"]), key=None)
+        ck.report(st == st2 == st3 == 200 and x1 == x2 and x3["translations"][0] == x1["translations"][1],
+                  "sampled translations: the same seed the same text, alone or beside another", (x1, x3))
+        for body, param in (({"text": "x", "beam": 2, "n": 3}, "n"), ({"text": "x", "beam": 4, "temperature": 1}, "temperature"),
+                            ({"text": "x", "beam": 1, "top_k": 5}, "top_k"), ({"text": "x", "length_penalty": 11}, "length_penalty")):
+            st, b = s.request("POST", "/v1/translations", body, key=None)
+            error_of(ck, "/v1/translations %s: 400" % json.dumps(body), st, b, 400, param)
         st, b = s.request("POST", "/v1/completions", {"prompt": "x"}, key=None)
         error_of(ck, "400: completions on a translator", st, b, 400, None, "lm model")
     finally:

@@ -1113,7 +1113,21 @@ class Server {
     const std::vector<std::string> texts = f.strings("text", 64, true, false);
     const int64_t beam = f.integer("beam", 1, 16, 4);
     const int64_t max_tokens = f.integer("max_tokens", 1, o_.max_tokens, 0);
+    // CTranslate2's options: the n best hypotheses with their scores, the length penalty of the
+    // beam's ranking, and sampling (beam 1) instead of search
+    const int64_t n_best = f.integer("n", 1, 16, 1);
+    const double length_penalty = f.number("length_penalty", -10, 10, 1.0);
+    const double temperature = f.number("temperature", 0, 100, 0);
+    const int64_t top_k = f.integer("top_k", 0, 1 << 30, 0);
+    const double top_p = f.number("top_p", 1e-6, 1, 1);
+    const auto seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MAX, 0));
     f.done();
+    if (n_best > beam) bad("n", detail::concat("'n' is ", n_best, "; the beam (", beam, ") holds at most that many hypotheses"));
+    if (temperature > 0 && beam > 1)
+      bad("temperature", detail::concat("sampling (temperature ", temperature, ") draws one hypothesis; give beam 1, or "
+                                        "temperature 0 for beam search"));
+    if (temperature == 0 && (top_k != 0 || top_p != 1))
+      bad(top_k != 0 ? "top_k" : "top_p", "top_k and top_p shape sampling; give a temperature > 0 too");
     // a text with no tokens translates to "" (as qkv translate does), the others in one batch
     std::vector<std::vector<int32_t>> src;
     std::vector<size_t> rows;  // the texts that have tokens
@@ -1131,6 +1145,16 @@ class Server {
     for (const auto& s : src) longest = std::max<int64_t>(longest, static_cast<int64_t>(s.size()));
     GenerateConfig g;
     g.beam_size = beam;
+    g.beam_search = n_best > 1;
+    g.num_return = n_best;
+    g.length_penalty = length_penalty;
+    if (temperature > 0) {
+      g.sampling.greedy = false;
+      g.sampling.temperature = static_cast<float>(temperature);
+      g.sampling.top_k = top_k;
+      g.sampling.top_p = static_cast<float>(top_p);
+      g.sampling.seed = seed;
+    }
     g.max_new_tokens = max_tokens > 0 ? max_tokens : std::min<int64_t>(2 * longest + 10, o_.max_tokens);
     if (c.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, c.max_len);
     // the texts join whatever other requests wait for translation: one job translates them all,
@@ -1145,16 +1169,30 @@ class Server {
       });
       tr_pending_.insert(tr_pending_.end(), items.begin(), items.end());
     }
+    // each text: its best translation, its log-probability, and with n > 1 the n best with
+    // their log-probabilities and the beam's scores (logprob / length^length_penalty)
     std::vector<std::string> tr(texts.size());
-    for (size_t k = 0; k < items.size(); ++k)
-      tr[rows[k]] = output_text(*tok_, items[k]->done.get_future().get().tokens);
-    res.body = dump({{"model", id_}, {"translations", Json(tr)}});
+    Json logprobs = Json::array(), best = Json::array();
+    for (size_t i = 0; i < texts.size(); ++i) logprobs.push_back(0.0), best.push_back(Json::array());
+    for (size_t k = 0; k < items.size(); ++k) {
+      const std::vector<Generation> out = items[k]->done.get_future().get();
+      tr[rows[k]] = output_text(*tok_, out[0].tokens);
+      logprobs[rows[k]] = out[0].logprob;
+      for (const Generation& h : out) {
+        const double len = std::max<double>(1, static_cast<double>(h.tokens.size()));
+        best[rows[k]].push_back({{"text", output_text(*tok_, h.tokens)}, {"logprob", h.logprob},
+                                 {"score", h.logprob / std::pow(len, length_penalty)}});
+      }
+    }
+    Json body = {{"model", id_}, {"translations", Json(tr)}, {"logprobs", logprobs}};
+    if (n_best > 1) body["n_best"] = best;
+    res.body = dump(body);
   }
 
   struct TranslationItem {
     std::vector<int32_t> src;
     GenerateConfig g;
-    std::promise<Generation> done;
+    std::promise<std::vector<Generation>> done;  // its num_return hypotheses, best first
   };
 
   // On the scheduler thread: every waiting translation, in batches of equal settings.
@@ -1169,8 +1207,16 @@ class Server {
       // tokens do not depend on the others' limits)
       GenerateConfig g = all.front()->g;
       std::vector<std::shared_ptr<TranslationItem>> batch, rest;
-      const auto most = static_cast<size_t>(o_.slots);  // --slots bounds a translation batch too
-      for (auto& it : all) (it->g.beam_size == g.beam_size && batch.size() < most ? batch : rest).push_back(it);
+      // --slots bounds a translation batch too; a sampled text decodes alone (the draws of a
+      // batch share one generator, so a text's translation would depend on its batch mates)
+      const auto most = g.sampling.greedy ? static_cast<size_t>(o_.slots) : size_t{1};
+      const auto same = [&g](const GenerateConfig& o) {  // settings a batch shares (not the limit)
+        return o.beam_size == g.beam_size && o.beam_search == g.beam_search && o.num_return == g.num_return &&
+               o.length_penalty == g.length_penalty && o.sampling.greedy == g.sampling.greedy &&
+               o.sampling.temperature == g.sampling.temperature && o.sampling.top_k == g.sampling.top_k &&
+               o.sampling.top_p == g.sampling.top_p && o.sampling.seed == g.sampling.seed;
+      };
+      for (auto& it : all) (same(it->g) && batch.size() < most ? batch : rest).push_back(it);
       all.swap(rest);
       std::vector<std::vector<int32_t>> src;
       for (auto& it : batch) {
@@ -1179,10 +1225,14 @@ class Server {
       }
       try {
         std::vector<Generation> out = translate(m, src, g);
+        const auto R = static_cast<size_t>(g.num_return);
         for (size_t k = 0; k < batch.size(); ++k) {
           const auto limit = static_cast<size_t>(batch[k]->g.max_new_tokens);
-          if (out[k].tokens.size() > limit) out[k].tokens.resize(limit), out[k].finished = false;
-          batch[k]->done.set_value(out[k]);
+          std::vector<Generation> mine(out.begin() + static_cast<std::ptrdiff_t>(k * R),
+                                       out.begin() + static_cast<std::ptrdiff_t>((k + 1) * R));
+          for (Generation& h : mine)
+            if (h.tokens.size() > limit) h.tokens.resize(limit), h.finished = false;
+          batch[k]->done.set_value(std::move(mine));
         }
       } catch (...) {
         for (auto& it : batch) it->done.set_exception(std::current_exception());
