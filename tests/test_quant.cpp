@@ -203,6 +203,53 @@ TEST(Quant, Q4GroupingKeepsEveryRowAndItsSize) {
             std::string::npos);
 }
 
+// A prompt's bf16 tiles (ops::linear on many rows): rows dequantised then rounded to bf16, bit for
+// bit, whether a Q4_0 group is read straight from its grouped bytes (every ISA's kernel) or row by
+// row (ranges that do not start or end at a group's edge, the rows after the last whole group).
+TEST(Quant, Bf16TilesAreTheRowsDequantisedThenRounded) {
+  std::mt19937 rng(43);
+  for (const WType t : {WType::Q4_0, WType::Q8_0, WType::BF16}) {
+    const int64_t N = 53, K = 96;
+    std::vector<float> dense;
+    const auto W = random_matrix(t == WType::BF16 ? WType::Q8_0 : t, N, K, rng, &dense);
+    auto bytes = std::make_shared<qkv::Storage>(W.size());
+    std::memcpy(bytes->data(), W.data(), W.size());
+    const auto P = t == WType::BF16 ? pack_weight(qkv::Tensor::from({N, K}, dense), t, "w")
+                                    : packed_from_bytes(t, N, K, bytes, "w");
+    std::vector<float> row(static_cast<size_t>(K));
+    std::vector<uint16_t> want(static_cast<size_t>(N * K)), got(want.size() + 1);
+    for (int64_t r = 0; r < N; ++r) {
+      P->dequantize_row(r, row.data());
+      f32_to_bf16_n(row.data(), want.data() + r * K, K);
+    }
+    for (const auto& [r0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 53}, {0, 16}, {16, 32}, {3, 40}, {32, 21}, {48, 5}, {5, 0}}) {
+      std::fill(got.begin(), got.end(), uint16_t{0xdead});
+      P->dequantize_rows_bf16(r0, n, got.data());
+      for (int64_t i = 0; i < n * K; ++i)
+        ASSERT_EQ(got[i], want[r0 * K + i]) << wtype_name(t) << " rows [" << r0 << ", " << r0 + n << ") value " << i;
+      ASSERT_EQ(got[n * K], 0xdead) << "wrote past the rows";
+    }
+    EXPECT_NE(error_of([&] { P->dequantize_rows_bf16(50, 4, got.data()); }).find("rows [50, 54) outside [0, 53)"),
+              std::string::npos);
+  }
+  // each ISA's group kernel on a grouped Q4_0 matrix
+  const int64_t N = 32, K = 128;
+  const auto W = random_matrix(WType::Q4_0, N, K, rng, nullptr);
+  const auto G = for_gemv(WType::Q4_0, W, N, K);
+  std::vector<float> row(static_cast<size_t>(K));
+  std::vector<uint16_t> want(static_cast<size_t>(N * K)), got(want.size());
+  for (int64_t r = 0; r < N; ++r) {
+    dequantize_row(WType::Q4_0, W.data() + r * row_bytes(WType::Q4_0, K), K, row.data());
+    f32_to_bf16_n(row.data(), want.data() + r * K, K);
+  }
+  for (const auto& [name, k] : tables()) {
+    std::fill(got.begin(), got.end(), uint16_t{0});
+    for (int64_t g = 0; g < N / kQ4Group; ++g)
+      k.q4_0_group_bf16(G.data() + g * kQ4Group * row_bytes(WType::Q4_0, K), K / kQBlock, got.data() + g * kQ4Group * K, K);
+    ASSERT_EQ(got, want) << name;
+  }
+}
+
 // The vectorised rounding of many values equals the one-value rounding, bit for bit: random bit
 // patterns (NaNs with any payload, infinities, subnormals, ties) and the edges.
 TEST(Quant, Bf16RoundingOfManyValuesIsTheOneValueRounding) {

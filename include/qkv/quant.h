@@ -33,6 +33,9 @@ struct PackedWeight {
   const uint8_t* row(int64_t r) const { return static_cast<const uint8_t*>(bytes->data()) + static_cast<size_t>(r) * row_bytes; }
   void file_row(int64_t r, uint8_t* out) const;     // row r as files hold it (row_bytes bytes)
   void dequantize_row(int64_t r, float* out) const;  // row r as cols floats
+  // rows [r0, r0 + n) dequantised and rounded to bfloat16 (dequantize_row, then nearest even),
+  // row i to out + i * cols; whole groups of a Q4_0 matrix straight from their grouped bytes
+  void dequantize_rows_bf16(int64_t r0, int64_t n, uint16_t* out) const;
   std::string file_bytes() const;                    // every row as files hold them
 };
 

@@ -56,6 +56,25 @@ void PackedWeight::dequantize_row(int64_t r, float* out) const {
   kernels::dequantize_row(type, buf.data(), cols, out);
 }
 
+void PackedWeight::dequantize_rows_bf16(int64_t r0, int64_t n, uint16_t* out) const {
+  check(r0 >= 0 && n >= 0 && r0 + n <= rows, "packed weight: rows [", r0, ", ", r0 + n, ") outside [0, ", rows, ")");
+  static const kernels::QuantIsa k = kernels::quant_isa(active_isa());
+  const int64_t grouped = type == WType::Q4_0 ? rows / kernels::kQ4Group * kernels::kQ4Group : 0;
+  thread_local std::vector<float> buf;
+  for (int64_t r = r0; r < r0 + n;) {
+    uint16_t* o = out + (r - r0) * cols;
+    if (r % kernels::kQ4Group == 0 && r + kernels::kQ4Group <= std::min(r0 + n, grouped)) {
+      k.q4_0_group_bf16(row(r), cols / kernels::kQBlock, o, cols);
+      r += kernels::kQ4Group;
+      continue;
+    }
+    buf.resize(static_cast<size_t>(cols));
+    dequantize_row(r, buf.data());
+    k.round_bf16(buf.data(), o, cols);
+    ++r;
+  }
+}
+
 std::string PackedWeight::file_bytes() const {
   std::string out(row_bytes * static_cast<size_t>(rows), '\0');
   auto* dst = reinterpret_cast<uint8_t*>(out.data());
@@ -469,7 +488,8 @@ bool cpu_has_avx512_bf16() {
 
 QuantIsa quant_isa(Isa isa) {
 #define QKV_QUANT_TABLE(ns, v, dp) \
-  QuantIsa { ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, ns::quantize_blocks, v, dp }
+  QuantIsa { ns::rows_q4_0, ns::rows_q8_0, ns::dot_f16, ns::dot_bf16, ns::round_bf16, ns::quantize_blocks, \
+             ns::q4_0_group_bf16, v, dp }
   switch (isa) {
     case Isa::AVX512: return QKV_QUANT_TABLE(avx512, cpu_has_avx512_vnni(), cpu_has_avx512_bf16());
     case Isa::AVX2: return QKV_QUANT_TABLE(avx2, false, false);

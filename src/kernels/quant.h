@@ -149,6 +149,7 @@ void gemv_reference(WType t, const void* W, int64_t N, int64_t K, const float* x
   float dot_bf16(const uint16_t* w, const uint16_t* xb, int64_t K, bool dp);                      \
   void round_bf16(const float* x, uint16_t* out, int64_t n);                                       \
   void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q);                           \
+  void q4_0_group_bf16(const uint8_t* g, int64_t nb, uint16_t* out, int64_t ldo);                 \
   }
 QKV_DECLARE_QUANT_ISA(generic)
 QKV_DECLARE_QUANT_ISA(avx2)
@@ -169,6 +170,9 @@ struct QuantIsa {
   void (*round_bf16)(const float*, uint16_t*, int64_t);  // f32_to_bf16_n, compiled for the ISA
   // quantize_activations over nb blocks, bit for bit (vectorised on AVX-512)
   void (*quantize_blocks)(const float*, int64_t, float*, int8_t*);
+  // a group of 16 grouped Q4_0 rows dequantised and rounded to bf16, row r to out + r * ldo
+  // (dequantize_row, then f32_to_bf16_n, bit for bit)
+  void (*q4_0_group_bf16)(const uint8_t*, int64_t, uint16_t*, int64_t);
   bool vnni;  // the int8 products use AVX512_VNNI's vpdpbusd (else vpmaddubsw + vpmaddwd)
   bool bf16dp = false;  // the bf16 products use AVX512_BF16's vdpbf16ps (else both widened, fma)
 };

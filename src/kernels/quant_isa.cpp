@@ -17,5 +17,6 @@ float dot_f16(const uint16_t* w, const float* x, int64_t K) { return simd::dot_f
 float dot_bf16(const uint16_t* w, const uint16_t* xb, int64_t K, bool dp) { return simd::dot_bf16(w, xb, K, dp); }
 void round_bf16(const float* x, uint16_t* out, int64_t n) { simd::round_bf16(x, out, n); }
 void quantize_blocks(const float* x, int64_t nb, float* d, int8_t* q) { simd::quantize_blocks(x, nb, d, q); }
+void q4_0_group_bf16(const uint8_t* g, int64_t nb, uint16_t* out, int64_t ldo) { simd::q4_0_group_bf16(g, nb, out, ldo); }
 
 }  // namespace qkv::kernels::QKV_ISA

@@ -102,22 +102,28 @@ Var linear_packed(Tape& tape, const Var& x, const PackedWeight& P, const Var& b,
       add_bias(0, Out);
       return y;
     }
+    if (bf16) {
+      // tiles of whole 16-row groups, up to 8 MiB of bf16: each product call packs the activations
+      // again, so fewer, larger calls (Q4_0 groups dequantise straight from their grouped bytes)
+      const int64_t kTile = std::max<int64_t>(256, (int64_t{8} << 20) / (2 * In) / 16 * 16);
+      std::vector<uint16_t> tile_b(static_cast<size_t>(std::min(Out, kTile) * In));
+      for (int64_t r0 = 0; r0 < Out; r0 += kTile) {
+        const int64_t rows = std::min(kTile, Out - r0), chunks = (rows + 15) / 16;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t c = 0; c < chunks; ++c)
+          P.dequantize_rows_bf16(row_begin + r0 + 16 * c, std::min<int64_t>(16, rows - 16 * c),
+                                 tile_b.data() + 16 * c * In);
+        gemm_bf16_nt(N, rows, In, xb.data(), In, tile_b.data(), In, Y + r0, Out);
+        add_bias(r0, rows);
+      }
+      return y;
+    }
     constexpr int64_t kTile = 256;
     std::vector<float> tile(static_cast<size_t>(std::min(Out, kTile) * In));
-    std::vector<uint16_t> tile_b(bf16 ? tile.size() : 0);
     for (int64_t r0 = 0; r0 < Out; r0 += kTile) {
       const int64_t rows = std::min(kTile, Out - r0);
 #pragma omp parallel for num_threads(threads) schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
-        float* t = tile.data() + r * In;
-        P.dequantize_row(row_begin + r0 + r, t);
-        if (bf16) kernels::f32_to_bf16_n(t, tile_b.data() + r * In, In);
-      }
-      if (bf16) {
-        gemm_bf16_nt(N, rows, In, xb.data(), In, tile_b.data(), In, Y + r0, Out);
-        add_bias(r0, rows);
-        continue;
-      }
+      for (int64_t r = 0; r < rows; ++r) P.dequantize_row(row_begin + r0 + r, tile.data() + r * In);
       if (b) {
         const float* bias = b->value.data<float>() + bias_begin + r0;
         for (int64_t i = 0; i < N; ++i) std::copy(bias, bias + rows, Y + i * Out + r0);

@@ -488,6 +488,40 @@ inline void round_bf16(const float* x, uint16_t* out, int64_t n) {
   }
 }
 
+// A group of 16 grouped Q4_0 rows (nb blocks; kernels/quant.h) dequantised, d * (q - 8) in
+// float32 as kernels::dequantize_row computes it, then rounded to bfloat16 as round_bf16 does:
+// row r to out + r * ldo. (Prompts' products on bf16 tiles, ops/layers.cpp.)
+inline void q4_0_group_bf16(const uint8_t* g, int64_t nb, uint16_t* out, int64_t ldo) {
+  for (int64_t i = 0; i < nb; ++i, g += kernels::kQ4GroupBlock) {
+    for (int64_t r = 0; r < kernels::kQ4Group; ++r) {
+      const float d = half_to_float(static_cast<uint16_t>(g[2 * r] | (g[2 * r + 1] << 8)));
+      uint16_t* o = out + r * ldo + i * kernels::kQBlock;
+#if defined(__AVX512BW__)
+      const __m128i q = _mm_set_epi32(load4(reinterpret_cast<const int8_t*>(g + 32 + 192 + 4 * r)),
+                                      load4(reinterpret_cast<const int8_t*>(g + 32 + 128 + 4 * r)),
+                                      load4(reinterpret_cast<const int8_t*>(g + 32 + 64 + 4 * r)),
+                                      load4(reinterpret_cast<const int8_t*>(g + 32 + 4 * r)));
+      const __m128i lo = _mm_and_si128(q, _mm_set1_epi8(15)), hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(15));
+      const __m512i eight = _mm512_set1_epi32(8);
+      alignas(64) float t[32];
+      const __m512 dv = _mm512_set1_ps(d);
+      _mm512_store_ps(t, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(lo), eight))));
+      _mm512_store_ps(t + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_cvtepu8_epi32(hi), eight))));
+      round_bf16(t, o, 32);
+#else
+      float t[32];
+      for (int64_t k = 0; k < 4; ++k)
+        for (int64_t m = 0; m < 4; ++m) {
+          const uint8_t b = g[32 + 64 * k + 4 * r + m];
+          t[4 * k + m] = d * static_cast<float>((b & 15) - 8);
+          t[4 * k + m + 16] = d * static_cast<float>((b >> 4) - 8);
+        }
+      round_bf16(t, o, 32);
+#endif
+    }
+  }
+}
+
 }  // namespace QKV_ISA
 }  // namespace qkv::simd
 
