@@ -25,6 +25,7 @@ Runner add_generate(CLI::App& app);
 Runner add_classify(CLI::App& app);
 Runner add_fill_mask(CLI::App& app);
 Runner add_serve(CLI::App& app);
+Runner add_chat_template(CLI::App& app);  // qkv chat-template: a chat's prompt under a model's template
 Runner add_explore(CLI::App& app);  // qkv serve that opens the explorer page
 Runner add_tour(CLI::App& app);     // the chapter's claims in the terminal
 Runner add_eval(CLI::App& app);

@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
   runners.push_back(qkv::cli::add_classify(app));
   runners.push_back(qkv::cli::add_fill_mask(app));
   runners.push_back(qkv::cli::add_serve(app));
+  runners.push_back(qkv::cli::add_chat_template(app));
   runners.push_back(qkv::cli::add_explore(app));
   runners.push_back(qkv::cli::add_tour(app));
   runners.push_back(qkv::cli::add_eval(app));
