@@ -39,6 +39,7 @@ struct Value {
   enum class K { Undefined, None, Bool, Int, Float, Str, Seq, Map, Ns, Macro };
   K k = K::Undefined;
   bool b = false;
+  bool tuple = false;  // a Seq that Python would hold as a tuple (prints as (a, b))
   int64_t i = 0;
   double f = 0;
   std::string s;  // Str; for Undefined, the name that was missing (for errors)
@@ -53,6 +54,7 @@ struct Value {
   static Value str(std::string v) { Value x = make(K::Str); x.s = std::move(v); return x; }
   static Value undefined(std::string name) { Value x; x.s = std::move(name); return x; }
   static Value of_list(List v) { Value x = make(K::Seq); x.list = std::make_shared<List>(std::move(v)); return x; }
+  static Value of_tuple(List v) { Value x = of_list(std::move(v)); x.tuple = true; return x; }
   static Value of_dict(Dict v, K k = K::Map) { Value x = make(k); x.dict = std::make_shared<Dict>(std::move(v)); return x; }
   static Value make(K k) { Value x; x.k = k; return x; }
 
@@ -155,9 +157,10 @@ std::string to_str(const Value& v, bool repr) {
     case Value::K::Float: return py_float(v.f);
     case Value::K::Str: return repr ? py_repr_str(v.s) : v.s;
     case Value::K::Seq: {
-      std::string out = "[";
+      std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + to_str((*v.list)[i], true);
-      return out + "]";
+      if (v.tuple && v.list->size() == 1) out += ",";
+      return out + (v.tuple ? ")" : "]");
     }
     case Value::K::Map:
     case Value::K::Ns: {
@@ -386,8 +389,14 @@ class Lexer {
   }
 
  private:
-  int line_at(size_t p) const {
-    return 1 + static_cast<int>(std::count(src_.begin(), src_.begin() + static_cast<std::ptrdiff_t>(std::min(p, src_.size())), '\n'));
+  // The line of byte p; positions are asked for mostly in increasing order, so counting resumes.
+  int line_at(size_t p) {
+    p = std::min(p, src_.size());
+    if (p < seen_) seen_ = 0, seen_line_ = 1;
+    seen_line_ += static_cast<int>(std::count(src_.begin() + static_cast<std::ptrdiff_t>(seen_),
+                                              src_.begin() + static_cast<std::ptrdiff_t>(p), '\n'));
+    seen_ = p;
+    return seen_line_;
   }
   void emit_data(const std::string& d, size_t at) {
     if (!d.empty()) out_.push_back({T::Data, d, 0, 0, line_at(at)});
@@ -396,15 +405,17 @@ class Lexer {
     if (pos_ < src_.size() && src_[pos_] == '\n') ++pos_;
   }
   // The tokens of a tag up to its closing `close` (outside strings); returns whether it was "-"close.
+  // Inside brackets a closing delimiter is brackets closing ("{'y': {}}"), as in Jinja's lexer.
   bool tag(const char* close) {
+    int depth = 0;
     while (true) {
       while (pos_ < src_.size() && std::isspace(static_cast<unsigned char>(src_[pos_]))) ++pos_;
       if (pos_ >= src_.size()) fail(name_, ":", line_at(pos_), ": a tag is never closed (expected '", close, "')");
-      if (src_.compare(pos_, 2, close) == 0) {
+      if (depth == 0 && src_.compare(pos_, 2, close) == 0) {
         pos_ += 2;
         return false;
       }
-      if (src_[pos_] == '-' && src_.compare(pos_ + 1, 2, close) == 0) {
+      if (depth == 0 && src_[pos_] == '-' && src_.compare(pos_ + 1, 2, close) == 0) {
         pos_ += 3;
         return true;
       }
@@ -473,6 +484,8 @@ class Lexer {
           if (src_.compare(pos_, std::strlen(op), op) == 0) {
             out_.push_back({T::Op, op, 0, 0, line});
             pos_ += std::strlen(op);
+            if (std::strchr("([{", op[0]) && op[1] == '\0') ++depth;
+            if (std::strchr(")]}", op[0]) && op[1] == '\0' && depth > 0) --depth;
             found = true;
             break;
           }
@@ -482,7 +495,8 @@ class Lexer {
   }
 
   std::string src_, name_;
-  size_t pos_ = 0;
+  size_t pos_ = 0, seen_ = 0;
+  int seen_line_ = 1;
   std::vector<Tok> out_;
 };
 
@@ -561,6 +575,7 @@ class Parser {
 
   // Statements until a block tag whose keyword is in `ends` (left unconsumed: its BlockBegin and name).
   Body body(const std::vector<std::string>& ends) {
+    const Deeper guard(*this);
     Body out;
     while (true) {
       const Tok& t = peek();
@@ -715,6 +730,7 @@ class Parser {
     NodeP e = expr();
     if (!is_op(",")) return e;
     auto x = node(N::ListLit, line);
+    x->s = "tuple";
     x->kids.push_back(e);
     while (is_op(",")) {
       ++p_;
@@ -723,7 +739,17 @@ class Parser {
     return x;
   }
 
+  // Nesting (of expressions and of blocks) is bounded so that no template overflows the stack.
+  struct Deeper {
+    Parser& p;
+    explicit Deeper(Parser& q) : p(q) {
+      if (++p.depth_ > 200) p.err(p.peek().line, "expressions or blocks nested more than 200 deep");
+    }
+    ~Deeper() { --p.depth_; }
+  };
+
   NodeP expr() {
+    const Deeper guard(*this);
     const int line = peek().line;
     NodeP a = or_expr(true);
     if (is_name("if")) {
@@ -816,6 +842,7 @@ class Parser {
   NodeP power() { return binary(&Parser::unary_filtered, {"**"}); }
   NodeP unary_filtered() { return filters(unary()); }
   NodeP unary() {
+    const Deeper guard(*this);
     if (is_op("-") || is_op("+")) {
       const Tok t = next();
       auto x = node(t.s == "-" ? N::Neg : N::Pos, t.line);
@@ -950,11 +977,14 @@ class Parser {
         if (t.s == "(") {
           if (is_op(")")) {
             ++p_;
-            return node(N::ListLit, t.line);
+            auto x = node(N::ListLit, t.line);
+            x->s = "tuple";
+            return x;
           }
           NodeP e = expr();
           if (is_op(",")) {
             auto x = node(N::ListLit, t.line);
+            x->s = "tuple";
             x->kids.push_back(e);
             while (is_op(",")) {
               ++p_;
@@ -994,6 +1024,7 @@ class Parser {
   std::vector<Tok> t_;
   std::string name_;
   size_t p_ = 0;
+  int depth_ = 0;
 };
 
 // ---- renderer -----------------------------------------------------------------------------------
@@ -1204,7 +1235,7 @@ class Renderer {
       case N::ListLit: {
         List l;
         for (const NodeP& k : e.kids) l.push_back(eval(*k));
-        return Value::of_list(std::move(l));
+        return e.s == "tuple" ? Value::of_tuple(std::move(l)) : Value::of_list(std::move(l));
       }
       case N::DictLit: {
         Dict d;
@@ -1424,7 +1455,7 @@ class Renderer {
           max_args(a, 0, callee.s + "()", e);
           List l;
           for (const auto& [k, v] : *obj.dict)
-            l.push_back(callee.s == "keys" ? Value::str(k) : callee.s == "values" ? v : Value::of_list({Value::str(k), v}));
+            l.push_back(callee.s == "keys" ? Value::str(k) : callee.s == "values" ? v : Value::of_tuple({Value::str(k), v}));
           return Value::of_list(std::move(l));
         }
         if (callee.s == "get") {
@@ -1727,7 +1758,7 @@ class Renderer {
       if (v.k == Value::K::Undefined) return Value::of_list({});
       if (v.k != Value::K::Map) err(e, what + " on " + type_name(v));
       List l;
-      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_list({Value::str(k), x}));
+      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_tuple({Value::str(k), x}));
       return Value::of_list(std::move(l));
     }
     if (f == "list") return Value::of_list(iterate(v, e));
@@ -1813,11 +1844,16 @@ class Renderer {
     if (f == "round") {
       const Value* p = a.get("precision", 0);
       const std::string method = str_arg(a, "method", 1, what, e, "common");
-      const double scale = std::pow(10.0, p && p->k == Value::K::Int ? static_cast<double>(p->i) : 0.0);
+      const int digits = p && p->k == Value::K::Int ? static_cast<int>(std::clamp<int64_t>(p->i, 0, 300)) : 0;
       if (!v.is_num()) err(e, what + " on " + type_name(v));
-      const double x = v.num() * scale;
-      const double r = method == "floor" ? std::floor(x) : method == "ceil" ? std::ceil(x) : std::round(x);
-      return Value::real(r / scale);
+      if (method == "common") {
+        // Python's round(): the decimal nearest the exact binary value, ties to even, as printf rounds
+        char buf[400];
+        std::snprintf(buf, sizeof buf, "%.*f", digits, v.num());
+        return Value::real(std::strtod(buf, nullptr));
+      }
+      const double scale = std::pow(10.0, digits), x = v.num() * scale;
+      return Value::real((method == "floor" ? std::floor(x) : std::ceil(x)) / scale);
     }
     if (f == "escape" || f == "e") {
       std::string out;
@@ -1901,7 +1937,7 @@ class Renderer {
       const std::string by = str_arg(a, "by", 1, what, e, "key");
       const Value* rev = a.get("reverse", 2);
       List l;
-      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_list({Value::str(k), x}));
+      for (const auto& [k, x] : *v.dict) l.push_back(Value::of_tuple({Value::str(k), x}));
       const size_t idx = by == "value" ? 1 : 0;
       const bool sensitive = cs && truthy(*cs);
       std::stable_sort(l.begin(), l.end(), [&](const Value& x, const Value& y) {
