@@ -92,11 +92,11 @@ class Server:
         except ValueError:
             return r.status, text
 
-    def stream(self, body, key=KEY, stop_after=None):
+    def stream(self, body, key=KEY, stop_after=None, path="/v1/completions"):
         """The SSE events of a streamed completion (parsed JSON, and 'DONE'); stop_after: close
         the connection after that many events."""
         c = http.client.HTTPConnection(self.host, self.port, timeout=120)
-        c.request("POST", "/v1/completions", body=json.dumps(dict(body, stream=True)),
+        c.request("POST", path, body=json.dumps(dict(body, stream=True)),
                   headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
         r = c.getresponse()
         events = []
@@ -289,6 +289,118 @@ def tiny_lm(qkv, work, steps=4):
     run([qkv, "--threads", "2", "train", "--steps", str(steps), "--preset", "tiny", "--max-len", "96", "--seed", "1",
          "--task", "lm", "--data", text, "--out", lm, "--tokenizer", "byte"])
     return lm
+
+
+# a ChatML-like template, short: the test's model reads bytes and 96 of them at most
+CHATML = ("{% for message in messages %}{% if message['role'] == 'narrator' %}{{ raise_exception('No narrators, "
+          "please') }}{% endif %}{{ '<' + message['role'][0] + '>' + message['content'] + '\\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<a>' }}{% endif %}")
+
+
+def chat_checks(ck, qkv, lm, work):
+    """/v1/chat/completions: the prompt is the chat template's (checked against Jinja2 itself),
+    then the completion's; OpenAI's chat shapes, streamed and not; logprobs; the refusals."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    s = Server(qkv, lm, "--api-key", KEY)
+    try:
+        st, b = s.request("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+        error_of(ck, "chat: a model without a chat template: 400 naming --chat-template", st, b, 400, "messages",
+                 "--chat-template")
+    finally:
+        s.stop()
+    tpl = os.path.join(work, "chatml.jinja")
+    with open(tpl, "w") as f:
+        f.write(CHATML)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    msgs = [{"role": "system", "content": "Count."}, {"role": "user", "content": "And God said"}]
+    prompt = env.from_string(CHATML).render(messages=msgs, add_generation_prompt=True)
+    s = Server(qkv, lm, "--api-key", KEY, "--chat-template", tpl, "--max-tokens", "64")
+    try:
+        chat = {"messages": msgs, "max_tokens": 12, "temperature": 0}
+        st, b = s.request("POST", "/v1/chat/completions", chat)
+        st2, want = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+        ok = st == 200 and b.get("object") == "chat.completion" and b["id"].startswith("chatcmpl-") and \
+            len(b["choices"]) == 1 and b["choices"][0]["message"]["role"] == "assistant" and st2 == 200
+        ck.report(ok and b["choices"][0]["message"]["content"] == want["choices"][0]["text"] and
+                  b["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"] and
+                  b["usage"] == want["usage"],
+                  "chat: the answer is the completion of the template's prompt (rendered by Jinja2), usage too",
+                  (b, want))
+        # content as a list of text parts; max_completion_tokens
+        parts = [dict(msgs[0]), {"role": "user", "content": [{"type": "text", "text": "And God "},
+                                                              {"type": "text", "text": "said"}]}]
+        st, b2 = s.request("POST", "/v1/chat/completions", {"messages": parts, "max_completion_tokens": 12,
+                                                            "temperature": 0})
+        ck.report(st == 200 and b2["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"],
+                  "chat: content as text parts and max_completion_tokens", b2)
+        # streamed: the role first, then content deltas, an empty delta with the finish, usage, [DONE]
+        st, ev = s.stream(dict(chat, stream_options={"include_usage": True}), path="/v1/chat/completions")
+        chunks = [e for e in ev if e != "DONE"]
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        ok = st == 200 and ev[-1] == "DONE" and chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""} \
+            and all(c["object"] == "chat.completion.chunk" for c in chunks) and \
+            chunks[-2]["choices"][0]["delta"] == {} and chunks[-2]["choices"][0]["finish_reason"] == \
+            b["choices"][0]["finish_reason"] and chunks[-1]["choices"] == [] and chunks[-1]["usage"] == b["usage"]
+        ck.report(ok and text == b["choices"][0]["message"]["content"],
+                  "chat: streamed as OpenAI's chunks (role, deltas, finish, usage) with the same text", ev[:3])
+        # logprobs: each token with its bytes and top alternatives, the completion's numbers
+        st, b3 = s.request("POST", "/v1/chat/completions", dict(chat, logprobs=True, top_logprobs=3))
+        st2, w3 = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 12, "temperature": 0,
+                                                        "logprobs": 3})
+        lp = b3["choices"][0]["logprobs"]["content"] if st == 200 else []
+        ok = st == 200 and len(lp) == b3["usage"]["completion_tokens"] and \
+            [t["logprob"] for t in lp] == w3["choices"][0]["logprobs"]["token_logprobs"][:len(lp)] and \
+            all(bytes(t["bytes"]).decode("utf-8", "replace") == t["token"] and len(t["top_logprobs"]) == 3 and
+                t["top_logprobs"][0]["logprob"] >= t["top_logprobs"][-1]["logprob"] for t in lp)
+        ck.report(ok, "chat: logprobs with top_logprobs 3 (token, logprob, bytes, alternatives)", lp[:1])
+        st, b4 = s.request("POST", "/v1/chat/completions", dict(chat, logprobs=True))
+        ck.report(st == 200 and all(t["top_logprobs"] == [] for t in b4["choices"][0]["logprobs"]["content"]),
+                  "chat: logprobs without top_logprobs: no alternatives", b4)
+        st, b5 = s.request("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "n": 2, "seed": 3,
+                                                            "temperature": 1})
+        ck.report(st == 200 and [c["index"] for c in b5["choices"]] == [0, 1], "chat: n = 2 choices", b5)
+        for what, body, param, needle in [
+            ("no messages", {"max_tokens": 3}, "messages", "required"),
+            ("an empty list", {"messages": []}, "messages", "non-empty"),
+            ("a message without a role", {"messages": [{"content": "x"}]}, "messages", "role"),
+            ("content a number", {"messages": [{"role": "user", "content": 3}]}, "messages", "content"),
+            ("an image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+             "messages", "text only"),
+            ("a completions field", {"messages": msgs, "prompt": "x"}, "prompt", "/v1/completions"),
+            ("response_format json_object", {"messages": msgs, "response_format": {"type": "json_object"}},
+             "response_format", "not supported"),
+            ("tools", {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
+             "not supported"),
+            ("top_logprobs without logprobs", {"messages": msgs, "top_logprobs": 2}, "top_logprobs", "logprobs"),
+            ("top_logprobs 21", {"messages": msgs, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "[0, 20]"),
+            ("logprobs a number", {"messages": msgs, "logprobs": 2}, "logprobs", "true or false"),
+            ("both max_tokens", {"messages": msgs, "max_tokens": 2, "max_completion_tokens": 2},
+             "max_completion_tokens", "not both"),
+            ("max_completion_tokens over the limit", {"messages": msgs, "max_completion_tokens": 65}, "max_tokens",
+             None),
+            ("min_p", {"messages": msgs, "min_p": 0.1}, "min_p", "not supported"),
+            ("the template refuses", {"messages": [{"role": "narrator", "content": "x"}]}, "messages",
+             "the chat template refused: No narrators, please"),
+            ("an unknown field", {"messages": msgs, "frobnicate": 1}, "frobnicate", None),
+        ]:
+            st, b = s.request("POST", "/v1/chat/completions", body)
+            error_of(ck, "chat: " + what + " is a 400", st, b, 400, param, needle)
+        st, b = s.request("POST", "/v1/chat/completions", raw="{\"messages\": [")
+        error_of(ck, "chat: a body that is not JSON is a 400", st, b, 400)
+    finally:
+        s.stop()
+    p = subprocess.run([qkv, "serve", "--model", lm, "--port", "0", "--chat-template", os.path.join(work, "none.jinja")],
+                       capture_output=True, text=True, timeout=60)
+    ck.report(p.returncode != 0 and "none.jinja" in p.stderr, "chat: a missing --chat-template file stops the server",
+              p.stderr[-300:])
+    bad = os.path.join(work, "bad.jinja")
+    with open(bad, "w") as f:
+        f.write("line one\n{% for m in messages %}")
+    p = subprocess.run([qkv, "serve", "--model", lm, "--port", "0", "--chat-template", bad], capture_output=True,
+                       text=True, timeout=60)
+    ck.report(p.returncode != 0 and "bad.jinja:2:" in p.stderr, "chat: a template that does not parse stops the "
+              "server, naming its line", p.stderr[-300:])
 
 
 def error_of(ck, what, status, body, want_status, param=None, needle=None):
@@ -913,6 +1025,7 @@ def main():
     ck = Checks()
     lm_checks(ck, qkv, lm)
     cors_checks(ck, qkv, lm)
+    chat_checks(ck, qkv, lm, work)
     sentencepiece_checks(ck, qkv, work)
     metrics_checks(ck, qkv, lm)
     packed_checks(ck, qkv, lm)

@@ -34,7 +34,7 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
   const auto err = [](const std::string& src, const std::string& ctx = "{}") {
     return error_of([&] { (void)render(src, ctx); });
   };
-  EXPECT_NE(err("a\nb\n{% if x %}").find("t.jinja:3: the template ends inside a block (expected 'elif')"), std::string::npos);
+  EXPECT_NE(err("a\nb\n{% if x %}").find("t.jinja:3: the template ends inside a block (expected 'endif')"), std::string::npos);
   EXPECT_NE(err("line1\n{{ 1 + }}").find("t.jinja:2: expected a value"), std::string::npos);
   EXPECT_NE(err("\n\n{% include 'x' %}").find("t.jinja:3: the statement 'include' is not supported"), std::string::npos);
   EXPECT_NE(err("{{ 'a' | frobnicate }}").find("t.jinja:1: the filter 'frobnicate' is not one"), std::string::npos);

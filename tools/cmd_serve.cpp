@@ -37,6 +37,8 @@
 
 #include "cli_checks.h"
 #include "commands.h"
+#include "qkv/chat_template.h"
+#include "qkv/files.h"
 #include "qkv/qkv.h"
 #include "qkv/scheduler.h"
 #include "qkv/signals.h"
@@ -53,11 +55,13 @@ extern const size_t kExplorerHtmlSize;
 namespace {
 
 using Json = nlohmann::json;
+using OJson = nlohmann::ordered_json;  // keeps keys in order (a chat template sees messages as sent)
 namespace fs = std::filesystem;
 namespace http = qkv::http;
 
 struct ServeOptions {
   std::string model, host = "127.0.0.1", api_key, dtype;
+  std::string chat_template;  // a Jinja2 file for /v1/chat/completions instead of the model's
   bool metrics = false;  // GET /metrics (Prometheus' text format)
   std::vector<std::string> allow_hosts, cors_origins;
   int port = 8080;
@@ -267,6 +271,7 @@ class Server {
     const ModelConfig& c = model_->config();
     so.max_len = o.max_len > 0 ? o.max_len : c.positional == Positional::Learned ? c.max_len : 2048;
     sched_ = std::make_unique<Scheduler>(*model_, so);
+    load_chat_template();
     routes();
   }
 
@@ -458,6 +463,10 @@ class Server {
       need_task(Task::LanguageModel, "/v1/completions");
       completions(req, res);
     }));
+    http_.route("POST", "/v1/chat/completions", handler([this](const http::Request& req, http::Response& res) {
+      need_task(Task::LanguageModel, "/v1/chat/completions");
+      chat_completions(req, res);
+    }));
     http_.route("POST", "/v1/next-token", handler([this](const http::Request& req, http::Response& res) {
       need_task(Task::LanguageModel, "/v1/next-token");
       next_token(req, res);
@@ -538,6 +547,10 @@ class Server {
     std::vector<std::string> stop;
     bool stream = false, echo = false;
     bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+    // /v1/chat/completions: answers in the chat shapes; logprobs as chat's (a boolean, then
+    // top_logprobs alternatives per token)
+    bool chat = false, chat_logprobs = false;
+    int64_t chat_top = 0;
     // the prompts (a list of prompts is a batch: prompt k's choices are k n .. k n + n - 1) and
     // their texts (for echo); r.prompt is the first
     std::vector<std::vector<int32_t>> prompts;
@@ -688,7 +701,16 @@ class Server {
     int64_t choice;
     std::string text, finish;
     Json logprobs;
+    Json chat_lp = nullptr;  // chat: {"token", "logprob", "bytes", "top_logprobs"} of the token
   };
+
+  // A token for chat's logprobs: its text, log-probability and bytes (OpenAI's shape).
+  Json chat_token(int32_t id, double logprob) const {
+    const std::string t = token_text(id);
+    Json bytes = Json::array();
+    for (unsigned char b : t) bytes.push_back(static_cast<int>(b));
+    return {{"token", t}, {"logprob", logprob}, {"bytes", bytes}};
+  }
   std::vector<Delta> fold(Completion& c, std::vector<ChoiceText>& choices, const CompletionParams& p,
                           const std::vector<std::string>& bases) {
     std::deque<TokenEvent> ev;
@@ -707,6 +729,13 @@ class Server {
           Json top = Json::object();
           for (const auto& [t, lp] : e.top) top[token_text(t)] = lp;
           d.logprobs = {{"tokens", {token_text(e.token)}}, {"token_logprobs", {e.logprob}}, {"top_logprobs", {top}}};
+          if (p.chat && p.chat_logprobs) {
+            Json alts = Json::array();
+            for (const auto& [t, lp] : e.top)
+              if (static_cast<int64_t>(alts.size()) < p.chat_top) alts.push_back(chat_token(t, lp));
+            d.chat_lp = chat_token(e.token, e.logprob);
+            d.chat_lp["top_logprobs"] = alts;
+          }
         }
       }
       // full <- the completion's text: decode(prompt + ids) past decode(prompt)
@@ -759,7 +788,12 @@ class Server {
   }
 
   void completions(const http::Request& req, http::Response& res) {
-    auto p = std::make_shared<CompletionParams>(parse_completion(req.body));
+    run_completion(std::make_shared<CompletionParams>(parse_completion(req.body)), res);
+  }
+
+  // A completion (or chat completion) once its request is read: submitted to the scheduler, then
+  // answered whole or streamed.
+  void run_completion(const std::shared_ptr<CompletionParams>& p, http::Response& res) {
     const int64_t n = p->r.n, N = static_cast<int64_t>(p->prompts.size()) * n;  // choices in all
     auto c = std::make_shared<Completion>(N);
     auto choices = std::make_shared<std::vector<ChoiceText>>(static_cast<size_t>(N));
@@ -797,7 +831,7 @@ class Server {
         throw;
       }
     }
-    const std::string cid = "cmpl-" + std::to_string(++next_id_);
+    const std::string cid = (p->chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
     const auto created = std::chrono::duration_cast<std::chrono::seconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
@@ -823,22 +857,32 @@ class Server {
           l["top_logprobs"].push_back(top);
         }
       }
+      std::vector<Json> chat_lp(static_cast<size_t>(N), Json::array());
       while (!all_ended()) {
         {
           std::unique_lock<std::mutex> lock(c->mu);
           c->cv.wait(lock, [&] { return !c->events.empty(); });
         }
-        for (const Delta& d : fold(*c, *choices, *p, bases))
+        for (const Delta& d : fold(*c, *choices, *p, bases)) {
           if (!d.logprobs.is_null())
             for (const char* k : {"tokens", "token_logprobs", "top_logprobs"})
               lp[static_cast<size_t>(d.choice)][k].push_back(d.logprobs[k][0]);
+          if (!d.chat_lp.is_null()) chat_lp[static_cast<size_t>(d.choice)].push_back(d.chat_lp);
+        }
       }
-      Json out = {{"id", cid}, {"object", "text_completion"}, {"created", created}, {"model", id_}};
+      Json out = {{"id", cid}, {"object", p->chat ? "chat.completion" : "text_completion"}, {"created", created}, {"model", id_}};
       int64_t generated = 0;
       for (int64_t i = 0; i < N; ++i) {
         const ChoiceText& ch = (*choices)[static_cast<size_t>(i)];
         if (ch.finish.rfind("error: ", 0) == 0) throw HttpError{500, ch.finish.substr(7), "server_error", ""};
         generated += static_cast<int64_t>(ch.ids.size());
+        if (p->chat) {
+          out["choices"].push_back({{"index", i},
+                                    {"message", {{"role", "assistant"}, {"content", ch.text}}},
+                                    {"logprobs", p->chat_logprobs ? Json{{"content", chat_lp[static_cast<size_t>(i)]}} : Json(nullptr)},
+                                    {"finish_reason", ch.finish}});
+          continue;
+        }
         if (p->r.top_logprobs > 0) {
           // text_offset: where each token starts in the choice's text (with echo, the prompt's
           // start), in characters
@@ -882,6 +926,23 @@ class Server {
             if (p->include_usage) j["usage"] = nullptr;
             return sink.write("data: " + dump(j) + "\n\n");
           };
+          // chat: the role first, then content deltas, then an empty delta with the finish reason
+          const auto chat_chunk = [&](int64_t i, const Json& delta, const Json& lps, const std::string& finish) {
+            Json j = {{"id", cid},
+                      {"object", "chat.completion.chunk"},
+                      {"created", created},
+                      {"model", id_},
+                      {"choices",
+                       {{{"index", i},
+                         {"delta", delta},
+                         {"logprobs", lps},
+                         {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
+            if (p->include_usage) j["usage"] = nullptr;
+            return sink.write("data: " + dump(j) + "\n\n");
+          };
+          if (p->chat)
+            for (int64_t i = 0; i < N; ++i)
+              if (!chat_chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr, "")) return;
           if (p->echo)
             for (int64_t i = 0; i < N; ++i)
               if (!chunk(i, p->prompt_texts[static_cast<size_t>(i / n)], nullptr, "")) return;
@@ -891,8 +952,17 @@ class Server {
               c->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !c->events.empty(); });
             }
             if (!sink.open()) return;  // the client went away
-            for (const Delta& d : fold(*c, *choices, *p, bases))
-              if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
+            for (const Delta& d : fold(*c, *choices, *p, bases)) {
+              if (!p->chat) {
+                if (!chunk(d.choice, d.text, d.logprobs.is_null() ? Json(nullptr) : d.logprobs, d.finish)) return;
+                continue;
+              }
+              if ((!d.text.empty() || !d.chat_lp.is_null()) &&
+                  !chat_chunk(d.choice, {{"content", d.text}},
+                              d.chat_lp.is_null() ? Json(nullptr) : Json{{"content", Json::array({d.chat_lp})}}, ""))
+                return;
+              if (!d.finish.empty() && !chat_chunk(d.choice, Json::object(), nullptr, d.finish)) return;
+            }
           }
           {
             int64_t all = 0;
@@ -904,7 +974,7 @@ class Server {
             for (const ChoiceText& ch : *choices) generated += static_cast<int64_t>(ch.ids.size());
             const int64_t P = p->prompt_tokens();
             const Json j = {{"id", cid},
-                            {"object", "text_completion"},
+                            {"object", p->chat ? "chat.completion.chunk" : "text_completion"},
                             {"created", created},
                             {"model", id_},
                             {"choices", Json::array()},
@@ -913,6 +983,151 @@ class Server {
           }
           sink.write("data: [DONE]\n\n");
         };
+  }
+
+  // ---- /v1/chat/completions ----------------------------------------------------------------------
+
+  // The chat template: --chat-template FILE (an error there stops the server), else the model
+  // folder's (one that does not parse leaves chat answering that error, the other routes serving).
+  void load_chat_template() {
+    if (fs::is_directory(o_.model)) {
+      try {
+        if (find_chat_template(o_.model, &chat_source_) && o_.chat_template.empty())
+          chat_ = std::make_unique<ChatTemplate>(chat_source_.source, chat_source_.name);
+      } catch (const Error& e) {
+        if (!o_.chat_template.empty()) throw;
+        chat_error_ = std::string("the model's chat template cannot be used: ") + e.what();
+        std::fprintf(stderr, "qkv serve: warning: %s (/v1/chat/completions will answer this; --chat-template FILE "
+                             "gives another)\n", chat_error_.c_str());
+      }
+    }
+    if (!o_.chat_template.empty()) {
+      chat_source_.source = read_file(o_.chat_template, "--chat-template");
+      chat_source_.name = o_.chat_template;
+      chat_ = std::make_unique<ChatTemplate>(chat_source_.source, chat_source_.name);
+    }
+    // qkv's own tokenizers name no special tokens in a tokenizer_config.json: their pieces
+    const auto add_special = [&](const char* key, int32_t id) {
+      for (const auto& [k, v] : chat_source_.special_tokens)
+        if (k == key) return;
+      if (id >= 0 && id < tok_->vocab_size()) chat_source_.special_tokens.emplace_back(key, tok_->piece(id));
+    };
+    add_special("bos_token", tok_->bos_id());
+    add_special("eos_token", tok_->eos_id());
+  }
+
+  // OpenAI's chat request: the messages become one prompt through the chat template, then it runs
+  // as a completion whose answer takes chat's shapes.
+  void chat_completions(const http::Request& req, http::Response& res) {
+    if (!chat_)
+      throw HttpError{400,
+                      chat_error_.empty() ? "this model has no chat template (no chat_template.jinja and no chat_template "
+                                            "in its tokenizer_config.json): start qkv serve with --chat-template FILE, "
+                                            "or send the prompt to /v1/completions"
+                                          : chat_error_,
+                      "invalid_request_error", "messages"};
+    check_utf8_body(req.body);
+    OJson body;
+    try {
+      body = OJson::parse(req.body);
+    } catch (const OJson::exception& e) {
+      bad("", std::string("the body is not valid JSON: ") + e.what());
+    }
+    if (!body.is_object()) bad("", std::string("the body is JSON ") + body.type_name() + "; expected an object");
+    for (const char* k : {"prompt", "echo", "suffix", "best_of"})
+      if (body.contains(k)) bad(k, detail::concat("'", k, "' is a /v1/completions field; a chat request sends 'messages'"));
+    // messages: [{"role", "content"}, ...]; content a string, null, or a list of text parts (joined)
+    if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+      bad("messages", "'messages' is required: a non-empty list of {\"role\", \"content\"} objects");
+    if (body["messages"].size() > 4096) bad("messages", detail::concat("'messages' holds ", body["messages"].size(), " messages (at most 4096)"));
+    OJson messages = OJson::array();
+    for (size_t i = 0; i < body["messages"].size(); ++i) {
+      const OJson& m = body["messages"][i];
+      const std::string where = detail::concat("messages[", i, "]");
+      if (!m.is_object()) bad("messages", where + " is " + m.dump() + "; expected an object with 'role' and 'content'");
+      if (!m.contains("role") || !m["role"].is_string() || m["role"].get<std::string>().empty())
+        bad("messages", where + ".role must be a non-empty string (system, user, assistant, ...)");
+      OJson out = m;
+      if (!m.contains("content") || m["content"].is_null()) {
+        out["content"] = nullptr;
+      } else if (m["content"].is_array()) {
+        std::string text;
+        for (size_t k = 0; k < m["content"].size(); ++k) {
+          const OJson& part = m["content"][k];
+          if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+              !part["text"].is_string())
+            bad("messages", detail::concat(where, ".content[", k, "] is not a {\"type\": \"text\", \"text\": ...} part "
+                                                                 "(this model reads text only)"));
+          text += part["text"].get<std::string>();
+        }
+        out["content"] = text;
+      } else if (!m["content"].is_string()) {
+        bad("messages", where + ".content is " + m["content"].dump() + "; expected a string, a list of text parts or null");
+      }
+      messages.push_back(out);
+    }
+    // what the completion runs on, from the chat's fields
+    Json comp = Json::parse(req.body);
+    for (const char* k : {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
+                          "tool_choice", "parallel_tool_calls", "min_p", "store", "metadata", "service_tier"})
+      comp.erase(k);
+    if (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()) {
+      if (body.contains("max_tokens") && !body["max_tokens"].is_null())
+        bad("max_completion_tokens", "send 'max_completion_tokens' or 'max_tokens', not both");
+      comp["max_tokens"] = Json::parse(body["max_completion_tokens"].dump());
+    }
+    bool logprobs = false;
+    if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+      if (!body["logprobs"].is_boolean()) bad("logprobs", "'logprobs' is " + body["logprobs"].dump() + "; expected true or false");
+      logprobs = body["logprobs"].get<bool>();
+    }
+    int64_t top = 0;
+    if (body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+      const OJson& t = body["top_logprobs"];
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > 20)
+        bad("top_logprobs", "'top_logprobs' is " + t.dump() + "; expected a whole number in [0, 20]");
+      if (!logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+      top = t.get<int64_t>();
+    }
+    if (logprobs) comp["logprobs"] = std::max<int64_t>(1, top);
+    if (body.contains("response_format") && !body["response_format"].is_null()) {
+      const OJson& f = body["response_format"];
+      if (!(f.is_object() && f.contains("type") && f["type"] == "text"))
+        bad("response_format", "'response_format' " + f.dump() + " is not supported: qkv does not constrain output to "
+                               "JSON yet; send {\"type\": \"text\"} or leave it out");
+    }
+    if (body.contains("tools") && !body["tools"].is_null() && !(body["tools"].is_array() && body["tools"].empty()))
+      bad("tools", "'tools' is not supported: qkv serve does not parse tool calls from a model's output");
+    if (body.contains("tool_choice") && !body["tool_choice"].is_null() && body["tool_choice"] != "none" &&
+        body["tool_choice"] != "auto")
+      bad("tool_choice", "'tool_choice' is " + body["tool_choice"].dump() + "; without tools only \"none\" or \"auto\"");
+    if (body.contains("min_p") && !body["min_p"].is_null() &&
+        !(body["min_p"].is_number() && body["min_p"].get<double>() == 0))
+      bad("min_p", "'min_p' is not supported (use top_p or top_k); only 0 is accepted");
+    // the prompt: the template's text with the generation prompt opened, tokenized as
+    // transformers does (special tokens in the text are the tokenizer's added tokens; none added)
+    OJson ctx = {{"messages", messages}, {"add_generation_prompt", true}};
+    for (const auto& [k, v] : chat_source_.special_tokens) ctx[k] = v;
+    std::string text;
+    try {
+      text = chat_->render(ctx.dump());
+    } catch (const Error& e) {
+      throw HttpError{400, e.what(), "invalid_request_error", "messages"};
+    }
+    std::vector<int32_t> ids;
+    try {
+      ids = tok_->encode(text);
+    } catch (const Error& e) {
+      throw HttpError{400, std::string("the chat's prompt cannot be tokenized: ") + e.what(), "invalid_request_error", "messages"};
+    }
+    if (ids.empty()) bad("messages", "the chat template made an empty prompt of these messages");
+    comp["prompt"] = ids;
+    auto p = std::make_shared<CompletionParams>(parse_completion(comp.dump()));
+    p->chat = true;
+    p->chat_logprobs = logprobs;
+    p->chat_top = top;
+    p->prompt_texts[0] = text;
+    run_completion(p, res);
   }
 
   // ---- /tokenize, /detokenize (llama.cpp's) -------------------------------------------------------
@@ -1288,6 +1503,9 @@ class Server {
   std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, completions_{0};
   std::mutex status_mu_;
   std::map<int, int64_t> statuses_;  // the routes' answers by status code
+  ChatTemplateSource chat_source_;     // the chat template's text and special tokens
+  std::unique_ptr<ChatTemplate> chat_;  // null: no template (chat_error_ says why, when one failed)
+  std::string chat_error_;
   std::mutex tr_mu_;
   std::vector<std::shared_ptr<TranslationItem>> tr_pending_;
 };
@@ -1304,6 +1522,9 @@ void serve_options(CLI::App* c, ServeOptions* o) {
   c->add_option("--port", o->port, "Port (default 8080; 0: a free port, printed on standard output)")
       ->transform(whole(0, 65535));
   c->add_option("--api-key", o->api_key, "Require 'Authorization: Bearer KEY' on every route but /health");
+  c->add_option("--chat-template", o->chat_template,
+                "A Jinja2 chat template file for /v1/chat/completions (default: the model folder's "
+                "chat_template.jinja or tokenizer_config.json's chat_template)");
   c->add_flag("--metrics", o->metrics,
               "Serve GET /metrics: request, token and queue counters in Prometheus' text format (with --api-key it "
               "needs the key too)");

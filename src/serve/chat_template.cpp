@@ -580,7 +580,7 @@ class Parser {
     while (true) {
       const Tok& t = peek();
       if (t.t == T::End) {
-        if (!ends.empty()) err(t.line, "the template ends inside a block (expected '" + ends[0] + "')");
+        if (!ends.empty()) err(t.line, "the template ends inside a block (expected '" + ends.back() + "')");
         return out;
       }
       if (t.t == T::Data) {
