@@ -2,7 +2,7 @@
 //   node tests/openai_client.mjs NODE_MODULES_DIR BASE_URL API_KEY
 // models.list and models.retrieve (and an unknown id's NotFoundError), a greedy completion and
 // the same completion streamed (its deltas make the same text; with stream_options.include_usage
-// its usage), a bad request's BadRequestError,
+// its usage), chat.completions.create plain, streamed and with logprobs, a bad request's BadRequestError,
 // and a wrong key's AuthenticationError. Prints one PASS/FAIL line a check; exits 1 on a failure.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -53,6 +53,29 @@ let usage = null;
 for await (const c of counted) if (c.usage) usage = c.usage;
 check(usage !== null && JSON.stringify(usage) === JSON.stringify(done.usage),
       "stream_options.include_usage: the stream's usage is the plain completion's", { usage, want: done.usage });
+
+// chat, as most applications call it: the answer, then the same answer streamed (role first,
+// content deltas, the finish), then with logprobs
+const talk = { model: id, messages: [{ role: "system", content: "Count." }, { role: "user", content: "And God said" }],
+               max_tokens: 12, temperature: 0 };
+const reply = await client.chat.completions.create(talk);
+check(reply.object === "chat.completion" && reply.choices.length === 1 && reply.choices[0].message.role === "assistant" &&
+      typeof reply.choices[0].message.content === "string" && reply.usage.completion_tokens > 0,
+      "chat.completions.create", reply);
+const chatStream = await client.chat.completions.create({ ...talk, stream: true });
+let said = "", role = null, finish = null;
+for await (const c of chatStream) {
+  const d = c.choices[0]?.delta ?? {};
+  if (d.role) role = d.role;
+  said += d.content ?? "";
+  if (c.choices[0]?.finish_reason) finish = c.choices[0].finish_reason;
+}
+check(role === "assistant" && said === reply.choices[0].message.content && finish === reply.choices[0].finish_reason,
+      "chat.completions.create with stream: the role, the same text, the finish", { role, said, finish });
+const scored = await client.chat.completions.create({ ...talk, logprobs: true, top_logprobs: 2 });
+const lps = scored.choices[0].logprobs?.content ?? [];
+check(lps.length === scored.usage.completion_tokens && lps.every(t => typeof t.logprob === "number" &&
+      Array.isArray(t.bytes) && t.top_logprobs.length === 2), "chat logprobs with top_logprobs", lps.slice(0, 1));
 
 try {
   await client.completions.create({ ...ask, max_tokens: -1 });

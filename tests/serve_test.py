@@ -990,7 +990,10 @@ def main():
     os.makedirs(work, exist_ok=True)
     if a.openai_client:
         lm = tiny_lm(qkv, work)
-        s = Server(qkv, lm, "--api-key", KEY)
+        tpl = os.path.join(work, "chatml.jinja")
+        with open(tpl, "w") as f:
+            f.write(CHATML)
+        s = Server(qkv, lm, "--api-key", KEY, "--chat-template", tpl)
         try:
             p = subprocess.run(["node", os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_client.mjs"),
                                 a.openai_client, "http://%s:%d/v1" % (s.host, s.port), KEY],
