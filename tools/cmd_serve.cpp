@@ -1588,7 +1588,7 @@ void open_browser(const std::string& url) {
 Runner add_serve(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   CLI::App* c = app.add_subcommand(
-      "serve", "Serve a model over HTTP: OpenAI-style /v1/completions (streaming), /v1/translations, "
+      "serve", "Serve a model over HTTP: OpenAI-style /v1/completions and /v1/chat/completions (streaming), /v1/translations, "
                "/v1/classifications, /v1/next-token, /v1/attention, /health; the explorer page at /");
   serve_options(c, o.get());
   return [o] {
