@@ -357,6 +357,12 @@ def chat_checks(ck, qkv, lm, work):
         st, b4 = s.request("POST", "/v1/chat/completions", dict(chat, logprobs=True))
         ck.report(st == 200 and all(t["top_logprobs"] == [] for t in b4["choices"][0]["logprobs"]["content"]),
                   "chat: logprobs without top_logprobs: no alternatives", b4)
+        # frequency_penalty: each generation of a token lowers its logit by 2, so greedy text spreads
+        st, pen = s.request("POST", "/v1/chat/completions", dict(chat, frequency_penalty=2, presence_penalty=0.5))
+        plain_text = b["choices"][0]["message"]["content"]
+        ck.report(st == 200 and len(set(pen["choices"][0]["message"]["content"])) > len(set(plain_text)),
+                  "chat: frequency_penalty and presence_penalty spread a greedy answer over more tokens",
+                  (plain_text, pen))
         st, b5 = s.request("POST", "/v1/chat/completions", {"messages": msgs, "max_tokens": 6, "n": 2, "seed": 3,
                                                             "temperature": 1})
         ck.report(st == 200 and [c["index"] for c in b5["choices"]] == [0, 1], "chat: n = 2 choices", b5)
@@ -641,7 +647,9 @@ def lm_checks(ck, qkv, lm):
             ("a batch's prompt over the context", {"prompt": ["x", "y" * 60], "max_tokens": 64}, None, 400,
              "max_tokens", None),
             ("a token id outside", {"prompt": [1, 999999]}, None, 400, "prompt", None),
-            ("presence_penalty", {"prompt": "x", "presence_penalty": 1}, None, 400, "presence_penalty", None),
+            ("presence_penalty 3", {"prompt": "x", "presence_penalty": 3}, None, 400, "presence_penalty", "[-2, 2]"),
+            ("frequency_penalty a string", {"prompt": "x", "frequency_penalty": "1"}, None, 400, "frequency_penalty",
+             None),
             ("prompt + max_tokens over the context", {"prompt": "y" * 60, "max_tokens": 64}, None, 400, "max_tokens",
              "context"),
         ]

@@ -315,6 +315,39 @@ TEST(Generate, LogitBiasForcesAndBansTokens) {
   EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("logit_bias holds token 3"), std::string::npos);
 }
 
+// presence and frequency penalties (OpenAI's) count only the generated tokens: history[generated_from ..].
+TEST(Generate, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
+  const float z[] = {0.0f, 1.0f, 0.9f, 0.5f};
+  const std::vector<int32_t> history = {2, 2, 1, 1, 3};  // prompt {2, 2}, then 1, 1, 3 generated
+  Rng rng(1);
+  SamplingConfig s;
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 2), 1);
+  s.frequency_penalty = 0.2f;  // z1 = 1 - 2 x 0.2 = 0.6 < z2 = 0.9 (the prompt's 2s do not count)
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 2), 2);
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 0), 1);  // counting the prompt: z2 = 0.5 < z1 = 0.6
+  s.frequency_penalty = 0.0f;
+  s.presence_penalty = 0.05f;  // z1 = 0.95 > 0.9
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 2), 1);
+  s.presence_penalty = 0.2f;  // z1 = 0.8, z3 = 0.3 < z2 = 0.9
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 2), 2);
+  s.presence_penalty = 0.0f;
+  s.frequency_penalty = -1.0f;  // negative: generated tokens favoured, z1 = 3, z3 = 1.5
+  EXPECT_EQ(choose_token(z, 4, history, s, rng, 2), 1);
+  // through generate(): a strong frequency penalty spreads a greedy continuation over more tokens
+  const Model m = make(decoder_config(Positional::Learned));
+  GenerateConfig g = greedy(12, true);
+  const auto distinct = [](std::vector<int32_t> t) {
+    std::sort(t.begin(), t.end());
+    return std::unique(t.begin(), t.end()) - t.begin();
+  };
+  const auto plain = generate(m, {{4}}, g);
+  g.sampling.frequency_penalty = 50.0f;
+  EXPECT_EQ(distinct(generate(m, {{4}}, g)[0].tokens), 12);
+  EXPECT_LE(distinct(plain[0].tokens), 12);
+  g.sampling.frequency_penalty = std::nanf("");
+  EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("frequency_penalty must be finite"), std::string::npos);
+}
+
 // score_tokens (one parallel pass) against next_token_logprobs (the cache path) on every prefix:
 // each token's log-probability and the top tokens agree to float rounding; position 0 has none.
 TEST(Generate, ScoreTokensIsTheNextTokenLogprobOfEveryPrefix) {

@@ -665,8 +665,10 @@ class Server {
     }
     if (p.r.max_tokens == 0 && p.stream)
       bad("max_tokens", "'max_tokens' 0 (score the prompt, generate nothing) is not streamed; send it without stream");
-    for (const char* k : {"presence_penalty", "frequency_penalty"})
-      if (f.number(k, -2, 2, 0) != 0) bad(k, detail::concat("'", k, "' is not supported (use repetition_penalty)"));
+    // OpenAI's: subtracted from a generated token's logit, once (presence) or per time it was
+    // generated (frequency)
+    p.r.sampling.presence_penalty = static_cast<float>(f.number("presence_penalty", -2, 2, 0));
+    p.r.sampling.frequency_penalty = static_cast<float>(f.number("frequency_penalty", -2, 2, 0));
     p.stop = f.strings("stop", 4, false, true);
     f.done();
     p.r.eos_id = tok_->eos_id();

@@ -38,6 +38,10 @@ struct SamplingConfig {
   // repetition penalty, before the temperature): -100 all but bans a token, +100 all but forces
   // it. The log-probabilities reported are the model's own, without the bias.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // OpenAI's presence and frequency penalties over the tokens generated so far (not the prompt):
+  // z_t <- z_t - frequency_penalty * count_t - presence_penalty * (count_t > 0), after the
+  // repetition penalty, before logit_bias (0: off; OpenAI allows [-2, 2]).
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
 };
 
 struct GenerateConfig {
@@ -102,10 +106,11 @@ struct TokenScores {
 TokenScores score_tokens(const Model& model, const std::vector<int32_t>& ids, int64_t top);
 
 // The token a sampling configuration picks from one row of logits (V), given the row's tokens so
-// far (for the repetition penalty): what generate() does at each step, for schedulers that drive
+// far (for the penalties; history[generated_from ..] are the generated ones, which presence and
+// frequency penalties count): what generate() does at each step, for schedulers that drive
 // decoding themselves. Greedy ignores `rng`.
 int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
-                     Rng& rng);
+                     Rng& rng, size_t generated_from = 0);
 // log softmax of one row of logits, in double.
 std::vector<double> log_softmax_row(const float* logits, int64_t V);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -206,12 +207,14 @@ std::vector<double> log_softmax(const float* z, int64_t V) {
 }
 
 // The next token of one row: greedy or sampled, after the repetition penalty.
-int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s, Rng& rng) {
+int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s, Rng& rng,
+               size_t generated_from = 0) {
   // V <- the ids that may be chosen: the rows past vocab_limit are never candidates
   if (s.vocab_limit > 0 && s.vocab_limit < V) V = s.vocab_limit;
   // greedy without a penalty: the first largest logit (what the double copy below would pick: the
   // widening is exact and keeps the order)
-  if (s.greedy && s.repetition_penalty == 1.0f && s.logit_bias.empty())
+  const bool counted = s.presence_penalty != 0.0f || s.frequency_penalty != 0.0f;
+  if (s.greedy && s.repetition_penalty == 1.0f && s.logit_bias.empty() && !counted)
     return static_cast<int32_t>(std::max_element(logits, logits + V) - logits);
   std::vector<double> z(logits, logits + V);
   // z_t <- z_t / penalty (z_t > 0) or z_t * penalty (z_t <= 0), once per token in the history
@@ -219,6 +222,14 @@ int32_t choose(const float* logits, int64_t V, const std::vector<int32_t>& histo
     const std::set<int32_t> seen(history.begin(), history.end());
     for (int32_t t : seen)
       if (t < V) z[t] = z[t] > 0 ? z[t] / s.repetition_penalty : z[t] * s.repetition_penalty;
+  }
+  // z_t <- z_t - frequency * count_t - presence * (count_t > 0), count_t: t among the generated
+  if (counted && generated_from < history.size()) {
+    std::map<int32_t, int64_t> count;
+    for (size_t i = generated_from; i < history.size(); ++i) ++count[history[i]];
+    for (const auto& [t, c] : count)
+      if (t >= 0 && t < V)
+        z[t] -= static_cast<double>(s.frequency_penalty) * static_cast<double>(c) + static_cast<double>(s.presence_penalty);
   }
   for (const auto& [t, b] : s.logit_bias)
     if (t >= 0 && t < V) z[t] += b;
@@ -281,6 +292,9 @@ void check_config(const char* fn, const GenerateConfig& g) {
   check(g.sampling.top_p > 0 && g.sampling.top_p <= 1, fn, ": top_p must be in (0, 1], got ", g.sampling.top_p);
   check(g.sampling.repetition_penalty > 0, fn, ": repetition_penalty must be > 0, got ",
         g.sampling.repetition_penalty);
+  check(std::isfinite(g.sampling.presence_penalty) && std::isfinite(g.sampling.frequency_penalty), fn,
+        ": presence_penalty and frequency_penalty must be finite, got ", g.sampling.presence_penalty, " and ",
+        g.sampling.frequency_penalty);
   for (const auto& [t, b] : g.sampling.logit_bias)
     check(t >= 0 && std::isfinite(b), fn, ": logit_bias holds token ", t, " with bias ", b,
           " (expected an id >= 0 and a finite bias)");
@@ -354,7 +368,7 @@ struct Driver {
         if (done[b]) continue;
         const float* z = logits.data<float>() + b * V;
         check_finite_logits(z, V, name(), b, step);
-        const int32_t t = choose(z, V, seq[b], g.sampling, rng);
+        const int32_t t = choose(z, V, seq[b], g.sampling, rng, seq[b].size() - out[b].tokens.size());
         out[b].logprob += static_cast<double>(z[t]) - logsumexp_fast(z, V);  // log_softmax(z)[t]
         out[b].tokens.push_back(t);
         seq[b].push_back(t);
@@ -515,8 +529,8 @@ struct Driver {
 }  // namespace
 
 int32_t choose_token(const float* logits, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
-                     Rng& rng) {
-  return choose(logits, V, history, s, rng);
+                     Rng& rng, size_t generated_from) {
+  return choose(logits, V, history, s, rng, generated_from);
 }
 
 std::vector<double> log_softmax_row(const float* logits, int64_t V) { return log_softmax(logits, V); }

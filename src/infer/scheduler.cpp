@@ -178,7 +178,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       try {
         std::vector<float> z;
         ch->slot = slots_->add(r.prompt, &z);
-        const int32_t t = choose_token(z.data(), V, ch->history, r.sampling, ch->rng);
+        const int32_t t = choose_token(z.data(), V, ch->history, r.sampling, ch->rng, r.prompt.size());
         e = event_for(z.data(), V, t, r.top_logprobs);
       } catch (const Error& err) {
         if (ch->slot >= 0) slots_->remove(ch->slot);
@@ -224,7 +224,7 @@ void Scheduler::step_once() {
       e.finish = "error: " + failure;
     } else {
       const float* row = z.data() + static_cast<int64_t>(i) * V;
-      const int32_t t = choose_token(row, V, ch.history, r.sampling, ch.rng);
+      const int32_t t = choose_token(row, V, ch.history, r.sampling, ch.rng, r.prompt.size());
       e = event_for(row, V, t, r.top_logprobs);
       ch.history.push_back(t);
       ++ch.generated;
