@@ -409,6 +409,71 @@ def chat_checks(ck, qkv, lm, work):
               "server, naming its line", p.stderr[-300:])
 
 
+def embedding_checks(ck, qkv, lm, tr):
+    """/v1/embeddings on a decoder: OpenAI's shapes, each input alone (the same vector in any batch),
+    base64 as the float32 bytes, the pooling and normalisation flags, the refusals. (Values against
+    a PyTorch reference: tests/hf_parity.py, on a sentence-transformers BERT folder.)"""
+    import base64
+    import struct
+    with open(os.path.join(lm, "config.json")) as f:
+        D = json.load(f)["d_model"]
+    s = Server(qkv, lm, "--api-key", KEY)
+    try:
+        st, one = s.request("POST", "/v1/embeddings", {"input": "And God said", "model": "lm"})
+        e = one["data"][0]["embedding"] if st == 200 else []
+        ck.report(st == 200 and one["object"] == "list" and one["data"][0]["object"] == "embedding" and
+                  len(e) == D and all(isinstance(v, float) for v in e) and one["usage"]["prompt_tokens"] > 0 and
+                  one["usage"]["total_tokens"] == one["usage"]["prompt_tokens"],
+                  "embeddings: one text, %d floats" % D, str(one)[:200])
+        st, many = s.request("POST", "/v1/embeddings", {"input": ["let there be", "And God said", [65, 66, 67]]})
+        ck.report(st == 200 and [d["index"] for d in many["data"]] == [0, 1, 2] and many["data"][1]["embedding"] == e,
+                  "embeddings: a batch, each the same vector as alone (bit for bit)", str(many)[:200])
+        st, b64 = s.request("POST", "/v1/embeddings", {"input": "And God said", "encoding_format": "base64"})
+        raw = base64.b64decode(b64["data"][0]["embedding"]) if st == 200 else b""
+        ck.report(st == 200 and list(struct.unpack("<%df" % D, raw)) == e,
+                  "embeddings: base64 is the float32 values' little-endian bytes", str(b64)[:200])
+        st, same = s.request("POST", "/v1/embeddings", {"input": "And God said", "dimensions": D})
+        ck.report(st == 200 and same["data"][0]["embedding"] == e, "embeddings: dimensions equal to the model's", st)
+        for what, body, param in [("no input", {}, "input"), ("an empty list", {"input": []}, "input"),
+                                  ("an empty text", {"input": ""}, "input"),
+                                  ("a token id outside", {"input": [1, 999999]}, "input"),
+                                  ("a number in the list", {"input": ["a", 3]}, "input"),
+                                  ("dimensions below the model's", {"input": "a", "dimensions": 7}, "dimensions"),
+                                  ("encoding_format hex", {"input": "a", "encoding_format": "hex"}, "encoding_format"),
+                                  ("encoding_format a list", {"input": "a", "encoding_format": ["base64"]},
+                                   "encoding_format"),
+                                  ("an input over the context", {"input": "y" * 200}, "input"),
+                                  ("an unknown field", {"input": "a", "pooling": "max"}, "pooling")]:
+            st, b = s.request("POST", "/v1/embeddings", body)
+            error_of(ck, "embeddings: " + what + " is a 400", st, b, 400, param)
+    finally:
+        s.stop()
+    vecs = {}
+    for flags in (["--embedding-normalize"], ["--embedding-pooling", "last"], ["--embedding-pooling", "cls"]):
+        s = Server(qkv, lm, "--api-key", KEY, *flags)
+        try:
+            st, b = s.request("POST", "/v1/embeddings", {"input": "And God said"})
+            vecs[" ".join(flags)] = b["data"][0]["embedding"] if st == 200 else None
+        finally:
+            s.stop()
+    n = vecs["--embedding-normalize"]
+    ck.report(n is not None and abs(sum(v * v for v in n) - 1) < 1e-5 and
+              max(abs(a / b - n[0] / e[0]) for a, b in zip(n, e)) < 1e-4,
+              "embeddings: --embedding-normalize gives the mean's direction at length 1", n and n[:3])
+    ck.report(vecs["--embedding-pooling last"] not in (None, e) and vecs["--embedding-pooling cls"] not in (None, e),
+              "embeddings: --embedding-pooling last and cls pool other rows", "")
+    p = subprocess.run([qkv, "serve", "--model", lm, "--port", "0", "--embedding-pooling", "max"], capture_output=True,
+                       text=True, timeout=60)
+    ck.report(p.returncode != 0 and "--embedding-pooling" in p.stderr, "embeddings: --embedding-pooling max is refused",
+              p.stderr[-200:])
+    s = Server(qkv, tr, "--api-key", KEY)
+    try:
+        st, b = s.request("POST", "/v1/embeddings", {"input": "x"})
+        error_of(ck, "embeddings: a translation model is a 400", st, b, 400, "input", "encoder-decoder")
+    finally:
+        s.stop()
+
+
 def error_of(ck, what, status, body, want_status, param=None, needle=None):
     ok = status == want_status and isinstance(body, dict) and "error" in body and \
         isinstance(body["error"].get("message"), str) and "type" in body["error"]
@@ -1041,6 +1106,7 @@ def main():
     metrics_checks(ck, qkv, lm)
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
+    embedding_checks(ck, qkv, lm, tr)
     inspect_checks(ck, qkv, lm, tr, work)
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.keep:

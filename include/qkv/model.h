@@ -119,6 +119,10 @@ class Model {
   // Logits: (B, T, V) for Decoder and EncoderMLM, (B, T', V) for EncoderDecoder, (B, num_classes)
   // for EncoderClassifier; for a bare Encoder its final hidden states (B, T, d_model).
   Var logits(Tape& tape, const Batch& batch, const ForwardOptions& opt = {}) const;
+  // The final hidden states (B, T, d_model) of ids (B, T): the last layer's output after the final
+  // norm, before any head (embeddings pool them). Rows past input_lengths[b] (when given, else
+  // pad_id's) are padding the attention does not see. Not for encoder-decoder models (encode).
+  Var hidden_states(Tape& tape, const Tensor& ids, const Tensor& input_lengths = Tensor()) const;
   // Checks a batch against this model before any work, every message naming the tensor as
   // `names` calls it: int ids shaped (B, T) with B, T >= 1 (decoder_input (B, T'), encoder-decoder
   // only and then required), ids in the vocabulary (the source vocabulary for an encoder-decoder's

@@ -398,6 +398,7 @@ Var Model::Impl::forward(nn::Context& c, Pass& p) const {
     }
     x = make_var(sel);
   }
+  if (p.hidden) return x;
   if (p.memory) return lm_head(c, x);
   switch (arch) {
     case Arch::Decoder: return lm_head(c, x);
@@ -445,6 +446,15 @@ Var Model::logits(Tape& tape, const Batch& batch, const ForwardOptions& opt) con
   }
   nn::Context c = context(tape, config_, opt);
   Impl::Pass p{.ids = batch.input, .lengths = lengths, .causal = config_.arch == Arch::Decoder};
+  return impl_->forward(c, p);
+}
+
+Var Model::hidden_states(Tape& tape, const Tensor& ids, const Tensor& input_lengths) const {
+  check(config_.arch != Arch::EncoderDecoder, "hidden_states: an encoder-decoder model's are its encoder's (encode)");
+  check_ids(ids, "input");
+  const Tensor lengths = Impl::resolve_lengths(*this, ids, input_lengths);
+  nn::Context c = context(tape, config_, {});
+  Impl::Pass p{.ids = ids, .lengths = lengths, .causal = config_.arch == Arch::Decoder, .hidden = true};
   return impl_->forward(c, p);
 }
 

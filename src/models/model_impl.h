@@ -43,6 +43,7 @@ struct Model::Impl {
     std::vector<nn::LayerCache>* caches = nullptr;          // the decoder side's (or the only stack's)
     std::vector<nn::LayerCache>* encoder_caches = nullptr;  // the encoder's
     const std::vector<int64_t>* last = nullptr;             // the head sees row b's token last[b] only
+    bool hidden = false;                                    // stop before the head: the final hidden states
   };
   // The head's output: logits, or the hidden states of a bare encoder; with `last`, (B, V).
   // An encoder-decoder pass without ids returns the memory.
