@@ -866,6 +866,7 @@ def bert_text_case(ck, name, cfg, head, seed):
                 worst = max(worst, abs(c["prob"] - want) / want)
         ck.report(len(res["masks"]) == 2 and same and worst <= LOGITS_TOL, name + " fill-mask",
                   "2 masks: top-5 ids %s, worst probability error %.2e" % ("equal" if same else "differ", worst))
+        embedding_check(ck, name, folder, W, cfg, idx)
         # refusals: no mask in the text, a bad --top-k, a model that is not a masked-language model
         for args, needle in ((["--text", "word1 word2"], "no mask token [MASK]"),
                              (["--text", "[MASK]", "--top-k", 0], "--top-k"),
@@ -890,6 +891,65 @@ def bert_text_case(ck, name, cfg, head, seed):
         rc, out, err = ck.run(["fill-mask", "--model", folder, "--text", "[MASK]"])
         ck.report(rc == 2 and "fill-mask needs a masked-language model" in err, name + " fill-mask refuses a classifier",
                   err.strip())
+
+
+def embedding_check(ck, name, folder, W, cfg, idx):
+    """qkv serve's /v1/embeddings on the folder made a sentence-transformers model (modules.json: the
+    transformer, a Pooling module, a Normalize module): mean pooling over every token ([CLS] and
+    [SEP] included), then L2-normalised, against the PyTorch reference's final hidden states; and
+    CLS pooling when 1_Pooling/config.json says so."""
+    import http.client
+    texts = ["word3 word7 word12", "Word70 word1"]
+    ids = [[2] + [idx[w.lower()] for w in t.split()] + [3] for t in texts]
+    with torch.no_grad():
+        hidden = [bert_forward(W, cfg, torch.tensor([i]), [len(i)], "bert.", None)[0].double() for i in ids]
+    with open(os.path.join(folder, "modules.json"), "w") as f:
+        json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}], f)
+    os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+    for mode in ("mean", "cls"):
+        with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
+            json.dump({"word_embedding_dimension": cfg["hidden_size"], "pooling_mode_cls_token": mode == "cls",
+                       "pooling_mode_mean_tokens": mode == "mean", "pooling_mode_max_tokens": False,
+                       "pooling_mode_mean_sqrt_len_tokens": False}, f)
+        want = [torch.nn.functional.normalize(h.mean(0) if mode == "mean" else h[0], dim=0) for h in hidden]
+        proc = subprocess.Popen([ck.qkv, "--threads", "2", "serve", "--model", folder, "--port", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline().strip()
+            if not line.startswith("http://"):
+                ck.report(False, name + " embeddings (" + mode + "): the server did not start", proc.stderr.read()[-300:])
+                continue
+            host, port = line[len("http://"):].rstrip("/").split(":")
+            c = http.client.HTTPConnection(host, int(port), timeout=120)
+            c.request("POST", "/v1/embeddings", body=json.dumps({"input": texts}),
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = json.loads(r.read())
+            if r.status != 200:
+                ck.report(False, name + " embeddings (" + mode + ")", str(body))
+                continue
+            got = [torch.tensor(d["embedding"], dtype=torch.float64) for d in body["data"]]
+            worst = max(float((g - w).abs().max()) for g, w in zip(got, want))
+            ck.report(len(got) == 2 and worst <= LOGITS_TOL and body["usage"]["prompt_tokens"] == sum(map(len, ids)),
+                      name + " embeddings, sentence-transformers %s pooling, normalised" % mode,
+                      "max |qkv - reference| = %.2e" % worst)
+            if mode == "mean":  # an encoder serves no task route; its attention and health answer
+                answers = {}
+                for path, req in (("/v1/completions", {"prompt": "word1"}), ("/v1/attention", {"text": "word1 word2"}),
+                                  ("/health", None)):
+                    c.request("POST" if req else "GET", path, body=json.dumps(req) if req else None,
+                              headers={"Content-Type": "application/json"})
+                    r = c.getresponse()
+                    answers[path] = (r.status, json.loads(r.read()))
+                ck.report(answers["/v1/completions"][0] == 400 and "encoder" in answers["/v1/completions"][1]["error"]["message"]
+                          and answers["/v1/attention"][0] == 200 and answers["/health"][1].get("task") == "embeddings",
+                          name + " an encoder's server: 400 on completions, attention and health answer",
+                          str({k: v[0] for k, v in answers.items()}))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def marian_text_case(ck, name, cfg, seed):

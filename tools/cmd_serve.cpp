@@ -256,9 +256,23 @@ class Server {
   explicit Server(const ServeOptions& o) : o_(o), http_(limits(o), transport_error) {
     check(fs::is_directory(o.model) || is_gguf_file(o.model), "--model ", o.model,
           ": neither a model directory nor a GGUF file");
-    info_ = model_task_info(o.model);
+    std::string no_task;
+    try {
+      info_ = model_task_info(o.model);
+    } catch (const Error& e) {
+      no_task = e.what();  // a Hugging Face encoder: served for embeddings (below), else the error
+    }
     (void)dtype_of(o.dtype);
     model_ = std::make_unique<Model>(load_model(o.model, o.dtype));
+    if (!no_task.empty()) {
+      const Arch a = model_->config().arch;
+      if (a != Arch::Encoder && a != Arch::EncoderMLM) throw Error(no_task);
+      // an encoder (BERT, a sentence-transformers folder): /v1/embeddings, /v1/attention, the token
+      // routes; its inputs are built as a classifier's ([CLS] ... [SEP])
+      encoder_only_ = true;
+      info_.task = Task::Classify;
+      info_.max_len = model_->config().positional == Positional::Learned ? model_->config().max_len : 0;
+    }
     tok_ = load_tokenizer(o.model);
     check(tok_->vocab_size() <= model_->config().vocab_size, "--model ", o.model, ": the tokenizer's vocabulary (",
           tok_->vocab_size(), ") is larger than config.json's vocab_size (", model_->config().vocab_size, ")");
@@ -284,7 +298,7 @@ class Server {
     const int port = http_.bind(o_.host, o_.port);
     port_ = port;
     std::fprintf(stderr, "qkv serve: %s (%s, %s, %s weights) on http://%s:%d/  (%lld slots, queue %lld)\n",
-                 o_.model.c_str(), task_name(info_.task), arch_name(model_->config().arch),
+                 o_.model.c_str(), task_label(), arch_name(model_->config().arch),
                  wtype_name(model_->weight_type()), o_.host.c_str(), port, static_cast<long long>(o_.slots),
                  static_cast<long long>(o_.max_queue));
     if (const char* wait = std::getenv("QKV_THREADS_WAIT"))
@@ -375,9 +389,14 @@ class Server {
   }
 
   void need_task(Task t, const char* route) const {
+    if (encoder_only_)
+      throw HttpError{400,
+                      detail::concat(route, " needs a ", task_name(t), " model; this one is an encoder, served for "
+                                     "/v1/embeddings, /v1/attention and the token routes"),
+                      "invalid_request_error", ""};
     if (info_.task != t)
       throw HttpError{400,
-                      detail::concat(route, " needs a ", task_name(t), " model; this one is a ", task_name(info_.task),
+                      detail::concat(route, " needs a ", task_name(t), " model; this one is a ", task_label(),
                                      " model"),
                       "invalid_request_error", ""};
   }
@@ -400,7 +419,7 @@ class Server {
     });
     // answered on the I/O thread: never waits on the model
     http_.route("GET", "/health", handler([this](const http::Request&, http::Response& res) {
-      const Json j = {{"status", draining_ ? "stopping" : "ok"}, {"model", id_}, {"task", task_name(info_.task)},
+      const Json j = {{"status", draining_ ? "stopping" : "ok"}, {"model", id_}, {"task", task_label()},
                       {"waiting", sched_->waiting()}, {"decoding", sched_->decoding()}};
       res.body = dump(j);
     }), true);
@@ -520,7 +539,7 @@ class Server {
 
   // The served model as OpenAI's model object (and qkv's task).
   Json model_object() const {
-    return {{"id", id_}, {"object", "model"}, {"created", created_}, {"owned_by", "qkv"}, {"task", task_name(info_.task)}};
+    return {{"id", id_}, {"object", "model"}, {"created", created_}, {"owned_by", "qkv"}, {"task", task_label()}};
   }
 
   // What the explorer page needs to know of the model.
@@ -528,7 +547,7 @@ class Server {
     const ModelConfig& c = model_->config();
     const bool encdec = c.arch == Arch::EncoderDecoder;
     Json j = {{"id", id_},
-              {"task", task_name(info_.task)},
+              {"task", task_label()},
               {"arch", arch_name(c.arch)},
               {"layers", encdec ? Json{{"encoder", c.n_encoder_layers}, {"decoder", c.n_decoder_layers}}
                                 : Json{{c.arch == Arch::Decoder ? "decoder" : "encoder", c.n_layers}}},
@@ -1450,7 +1469,7 @@ class Server {
     if (encdec) {
       source = f.strings("source", 1, true, true)[0];
     } else if (f.has("source")) {
-      bad("source", "'source' is for translation models; this one is a " + std::string(task_name(info_.task)) +
+      bad("source", "'source' is for translation models; this one is a " + std::string(task_label()) +
                         " model");
     }
     const int64_t L = encdec ? std::max(c.n_encoder_layers, c.n_decoder_layers) : c.n_layers;
@@ -1721,6 +1740,8 @@ class Server {
   std::string pooling_ = "mean", pooling_from_;  // /v1/embeddings: mean, cls or last, and who said so
   bool normalize_ = false;
   std::string embedding_error_;  // a folder's pooling qkv does not do
+  bool encoder_only_ = false;    // a Hugging Face encoder: embeddings and attention, no task route
+  const char* task_label() const { return encoder_only_ ? "embeddings" : task_name(info_.task); }
   std::mutex tr_mu_;
   std::vector<std::shared_ptr<TranslationItem>> tr_pending_;
 };
