@@ -564,6 +564,26 @@ def main():
            (text, got))
     p = run([qkv, "--threads", "2", "generate", "--model", path, "--prompt", "the cat", "--max-len", "5"])
     ok(p.stdout.startswith("the cat"), "generate --model FILE.gguf: %r" % p.stdout.strip()[:60])
+    # tokenizer.chat_template: the prompt qkv's chat route builds, against Jinja2 with the file's
+    # special tokens (by their ids) as transformers passes them
+    import jinja2.sandbox
+    tpl = ("{{ bos_token }}{% for m in messages %}{{ '[' + m['role'] | upper + '] ' + m['content'] | trim }}"
+           "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+           "{% if add_generation_prompt %}[ASSISTANT] {% endif %}")
+    chat_path = os.path.join(work, "chat.gguf")
+    write(chat_path, gguf(llama_kv(cfg, pieces, scores, types) + [("tokenizer.chat_template", STRING, tpl)],
+                          llama_tensors(cfg, t, Q8_0)))
+    msgs = [{"role": "system", "content": " be brief "}, {"role": "user", "content": "the cat"},
+            {"role": "assistant", "content": "sat"}, {"role": "user", "content": "and?"}]
+    with open(os.path.join(work, "msgs.json"), "w") as f:
+        json.dump(msgs, f)
+    p = run([qkv, "chat-template", "--model", chat_path, "--messages", os.path.join(work, "msgs.json")])
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    want = env.from_string(tpl).render(messages=msgs, add_generation_prompt=True, bos_token="<s>", eos_token="</s>",
+                                       unk_token="<unk>")
+    ok(p.stdout == want, "tokenizer.chat_template of a GGUF file: the prompt Jinja2 renders (%r)" % p.stdout[:60])
+    p = run([qkv, "chat-template", "--model", path, "--messages", os.path.join(work, "msgs.json")], want_rc=2)
+    ok("has no chat template" in p.stderr, "a GGUF file without tokenizer.chat_template: %s" % p.stderr.strip()[:100])
     qdir = os.path.join(work, "quantized")
     run([qkv, "quantize", "--model", path, "--out", qdir])  # the file's types, as they are
     a1 = logits(qkv, path, ids_path, os.path.join(work, "g.npy"))

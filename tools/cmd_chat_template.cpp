@@ -37,7 +37,9 @@ Runner add_chat_template(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "chat-template", "Print the prompt a chat becomes under a model's chat template (Jinja2, as transformers' "
                        "apply_chat_template renders it): what qkv serve's /v1/chat/completions feeds the model");
-  c->add_option("--model", o->model, "A model folder (chat_template.jinja or tokenizer_config.json's chat_template)");
+  c->add_option("--model", o->model,
+                "A model folder (chat_template.jinja or tokenizer_config.json's chat_template) or GGUF file "
+                "(tokenizer.chat_template)");
   c->add_option("--template", o->template_file, "A Jinja2 template file instead of the model's");
   c->add_option("--messages", o->messages, "A JSON file: the list of messages ({\"role\", \"content\"})");
   c->add_flag("--no-generation-prompt", o->no_generation_prompt,

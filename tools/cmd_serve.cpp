@@ -1017,7 +1017,7 @@ class Server {
   // The chat template: --chat-template FILE (an error there stops the server), else the model
   // folder's (one that does not parse leaves chat answering that error, the other routes serving).
   void load_chat_template() {
-    if (fs::is_directory(o_.model)) {
+    if (fs::is_directory(o_.model) || is_gguf_file(o_.model)) {
       try {
         if (find_chat_template(o_.model, &chat_source_) && o_.chat_template.empty())
           chat_ = std::make_unique<ChatTemplate>(chat_source_.source, chat_source_.name);

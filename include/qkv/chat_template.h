@@ -48,8 +48,9 @@ struct ChatTemplateSource {
   std::vector<std::pair<std::string, std::string>> special_tokens;
 };
 // The chat template of a model folder: chat_template.jinja, else tokenizer_config.json's
-// "chat_template" (a string, or a list of {"name", "template"} from which "default" is taken).
-// Returns false when the folder has none. Errors (unreadable files, a template of the wrong type)
+// "chat_template" (a string, or a list of {"name", "template"} from which "default" is taken); of
+// a GGUF file: its tokenizer.chat_template, with the special tokens' texts by their ids.
+// Returns false when there is none. Errors (unreadable files, a template of the wrong type)
 // name the file.
 bool find_chat_template(const std::string& dir, ChatTemplateSource* out);
 

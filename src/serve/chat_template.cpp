@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -21,6 +22,7 @@
 
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "qkv/gguf.h"
 
 namespace qkv {
 
@@ -2132,6 +2134,25 @@ std::string ChatTemplate::render(std::string_view context_json) const {
 bool find_chat_template(const std::string& dir, ChatTemplateSource* out) {
   namespace fs = std::filesystem;
   *out = {};
+  if (is_gguf_file(dir)) {
+    // a GGUF file: tokenizer.chat_template, and the special tokens' texts by their ids
+    const GgufFile g(dir);
+    const GgufValue* t = g.find("tokenizer.chat_template");
+    if (!t) return false;
+    check(t->kind == GgufValue::String, dir, ": tokenizer.chat_template must be a string");
+    out->source = t->s;
+    out->name = dir + " (tokenizer.chat_template)";
+    const GgufValue* tokens = g.find("tokenizer.ggml.tokens");
+    for (const auto& [key, id_key] : {std::pair<const char*, const char*>{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                      {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                      {"unk_token", "tokenizer.ggml.unknown_token_id"},
+                                      {"pad_token", "tokenizer.ggml.padding_token_id"}}) {
+      const int64_t id = g.integer_or(id_key, -1, -1, INT32_MAX);
+      if (id >= 0 && tokens && tokens->kind == GgufValue::Array && static_cast<size_t>(id) < tokens->strings.size())
+        out->special_tokens.emplace_back(key, tokens->strings[static_cast<size_t>(id)]);
+    }
+    return true;
+  }
   const fs::path config = fs::path(dir) / "tokenizer_config.json";
   nlohmann::json c = nlohmann::json::object();
   if (fs::is_regular_file(config)) {
