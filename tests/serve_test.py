@@ -897,6 +897,20 @@ def task_checks(ck, qkv, tr, cls, work):
         st, g1 = s.request("POST", "/v1/translations", {"text": ["one two three"], "beam": 1}, key=None)
         ck.report(st == 200 and isinstance(g1["logprobs"][0], float) and g1["logprobs"][0] <= 0,
                   "/v1/translations gives the translation's log-probability", g1)
+        # target_prefix (CTranslate2's): forcing the start greedy chose gives greedy's translation;
+        # another start is kept and continued
+        t0 = g1["translations"][0]
+        st, p1 = s.request("POST", "/v1/translations", {"text": ["one two three", "five"], "beam": 1,
+                                                        "target_prefix": [t0[:3], "zz"]}, key=None)
+        ck.report(st == 200 and p1["translations"][0] == t0 and p1["translations"][1].startswith("zz"),
+                  "/v1/translations target_prefix: greedy's own start gives its translation, another is kept",
+                  (t0, p1))
+        st, p2 = s.request("POST", "/v1/translations", {"text": ["one two three"], "beam": 4,
+                                                        "target_prefix": ["zz"]}, key=None)
+        ck.report(st == 200 and p2["translations"][0].startswith("zz"), "/v1/translations target_prefix with a beam",
+                  p2)
+        st, b = s.request("POST", "/v1/translations", {"text": ["a", "b"], "target_prefix": ["x"]}, key=None)
+        error_of(ck, "400: a target_prefix per text", st, b, 400, "target_prefix", "one per text")
         samp = {"text": ["one two three", "nine four"], "beam": 1, "temperature": 1.5, "seed": 9}
         st, x1 = s.request("POST", "/v1/translations", samp, key=None)
         st2, x2 = s.request("POST", "/v1/translations", samp, key=None)

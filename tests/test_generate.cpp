@@ -315,6 +315,44 @@ TEST(Generate, LogitBiasForcesAndBansTokens) {
   EXPECT_NE(error_of([&] { generate(m, {{4}}, g); }).find("logit_bias holds token 3"), std::string::npos);
 }
 
+// translate's target prefixes (CTranslate2's target_prefix): forcing the first k tokens greedy
+// chose gives the rest of greedy's translation, with the rest's log-probability; another prefix
+// steers it; prefixes are checked.
+TEST(Generate, TargetPrefixForcesATranslationsStart) {
+  const Model ed = make(encdec_config());
+  const std::vector<std::vector<int32_t>> src = {{5, 9, 3, 7}, {11, 2}};
+  GenerateConfig g = greedy(10, false);
+  g.eos_id = -1;
+  const auto full = translate(ed, src, g);
+  for (const int64_t beam : {int64_t{1}, int64_t{3}}) {
+    GenerateConfig gp = g;
+    gp.beam_size = beam;
+    const auto ref = beam == 1 ? full : translate(ed, src, gp);
+    std::vector<std::vector<int32_t>> prefixes;
+    for (const auto& r : ref) prefixes.emplace_back(r.tokens.begin(), r.tokens.begin() + 3);
+    gp.max_new_tokens = 7;
+    const auto rest = translate(ed, src, gp, prefixes);
+    for (size_t b = 0; b < src.size(); ++b) {
+      EXPECT_EQ(rest[b].tokens, std::vector<int32_t>(ref[b].tokens.begin() + 3, ref[b].tokens.end()))
+          << "beam " << beam << " row " << b;
+    }
+  }
+  double prefix_lp = 0;  // log p of greedy's first 3 tokens, from a 3-token translation
+  GenerateConfig three = g;
+  three.max_new_tokens = 3;
+  prefix_lp = translate(ed, {src[0]}, three)[0].logprob;
+  GenerateConfig seven = g;
+  seven.max_new_tokens = 7;
+  const auto rest0 = translate(ed, {src[0]}, seven, {std::vector<int32_t>(full[0].tokens.begin(), full[0].tokens.begin() + 3)});
+  EXPECT_NEAR(rest0[0].logprob, full[0].logprob - prefix_lp, 1e-4);
+  // a prefix greedy would not choose changes what follows it in general, and starts nothing else
+  std::vector<int32_t> other = {full[0].tokens[0] == 4 ? 6 : 4};
+  const auto steered = translate(ed, {src[0]}, seven, {other});
+  EXPECT_EQ(steered[0].tokens.size(), 7u);
+  EXPECT_NE(error_of([&] { translate(ed, src, g, {{1}}); }).find("1 target prefixes for 2 sources"), std::string::npos);
+  EXPECT_NE(error_of([&] { translate(ed, {src[0]}, g, {{-3}}); }).find("is outside the vocabulary"), std::string::npos);
+}
+
 // presence and frequency penalties (OpenAI's) count only the generated tokens: history[generated_from ..].
 TEST(Generate, PresenceAndFrequencyPenaltiesCountGeneratedTokens) {
   const float z[] = {0.0f, 1.0f, 0.9f, 0.5f};

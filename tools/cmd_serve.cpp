@@ -1567,7 +1567,13 @@ class Server {
     const int64_t top_k = f.integer("top_k", 0, 1 << 30, 0);
     const double top_p = f.number("top_p", 1e-6, 1, 1);
     const auto seed = static_cast<uint64_t>(f.integer("seed", 0, INT64_MAX, 0));
+    // CTranslate2's target_prefix: the start of each translation, forced (one per text, or one
+    // string for a single text); the translation includes it
+    const std::vector<std::string> prefixes = f.strings("target_prefix", 64, false, false);
     f.done();
+    if (!prefixes.empty() && prefixes.size() != texts.size())
+      bad("target_prefix", detail::concat("'target_prefix' holds ", prefixes.size(), " prefixes for ", texts.size(),
+                                          " texts; give one per text"));
     if (n_best > beam) bad("n", detail::concat("'n' is ", n_best, "; the beam (", beam, ") holds at most that many hypotheses"));
     if (temperature > 0 && beam > 1)
       bad("temperature", detail::concat("sampling (temperature ", temperature, ") draws one hypothesis; give beam 1, or "
@@ -1575,13 +1581,16 @@ class Server {
     if (temperature == 0 && (top_k != 0 || top_p != 1))
       bad(top_k != 0 ? "top_k" : "top_p", "top_k and top_p shape sampling; give a temperature > 0 too");
     // a text with no tokens translates to "" (as qkv translate does), the others in one batch
-    std::vector<std::vector<int32_t>> src;
+    std::vector<std::vector<int32_t>> src, tgt_prefix;
     std::vector<size_t> rows;  // the texts that have tokens
     const ModelConfig& c = model_->config();
+    int64_t longest_prefix = 0;
     for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> ids = tok_->encode(texts[i]);
       if (ids.empty()) continue;
       rows.push_back(i);
+      tgt_prefix.push_back(prefixes.empty() ? std::vector<int32_t>{} : tok_->encode_target(prefixes[i]));
+      longest_prefix = std::max<int64_t>(longest_prefix, static_cast<int64_t>(tgt_prefix.back().size()));
       ids = source_ids(*tok_, std::move(ids));
       if (c.positional == Positional::Learned && static_cast<int64_t>(ids.size()) > c.max_len)
         bad("text", detail::concat("a text of ", ids.size(), " tokens exceeds the model's ", c.max_len, " positions"));
@@ -1602,11 +1611,17 @@ class Server {
       g.sampling.seed = seed;
     }
     g.max_new_tokens = max_tokens > 0 ? max_tokens : std::min<int64_t>(2 * longest + 10, o_.max_tokens);
-    if (c.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, c.max_len);
+    if (c.positional == Positional::Learned) {
+      if (longest_prefix >= c.max_len)
+        bad("target_prefix", detail::concat("a target prefix of ", longest_prefix, " tokens leaves none of the model's ",
+                                            c.max_len, " positions to translate"));
+      g.max_new_tokens = std::min(g.max_new_tokens, c.max_len - longest_prefix);
+    }
     // the texts join whatever other requests wait for translation: one job translates them all,
     // grouped by their decoding settings (concurrent clients share batches)
     std::vector<std::shared_ptr<TranslationItem>> items;
-    for (auto& ids : src) items.push_back(std::make_shared<TranslationItem>(TranslationItem{std::move(ids), g, {}}));
+    for (size_t k = 0; k < src.size(); ++k)
+      items.push_back(std::make_shared<TranslationItem>(TranslationItem{std::move(src[k]), tgt_prefix[k], g, {}}));
     if (!items.empty()) {
       std::lock_guard<std::mutex> lock(tr_mu_);
       sched_->run([this](const Model& m) {
@@ -1622,11 +1637,16 @@ class Server {
     for (size_t i = 0; i < texts.size(); ++i) logprobs.push_back(0.0), best.push_back(Json::array());
     for (size_t k = 0; k < items.size(); ++k) {
       const std::vector<Generation> out = items[k]->done.get_future().get();
-      tr[rows[k]] = output_text(*tok_, out[0].tokens);
+      const auto with_prefix = [&](const std::vector<int32_t>& t) {
+        std::vector<int32_t> all = items[k]->prefix;
+        all.insert(all.end(), t.begin(), t.end());
+        return output_text(*tok_, all);
+      };
+      tr[rows[k]] = with_prefix(out[0].tokens);
       logprobs[rows[k]] = out[0].logprob;
       for (const Generation& h : out) {
         const double len = std::max<double>(1, static_cast<double>(h.tokens.size()));
-        best[rows[k]].push_back({{"text", output_text(*tok_, h.tokens)}, {"logprob", h.logprob},
+        best[rows[k]].push_back({{"text", with_prefix(h.tokens)}, {"logprob", h.logprob},
                                  {"score", h.logprob / std::pow(len, length_penalty)}});
       }
     }
@@ -1637,6 +1657,7 @@ class Server {
 
   struct TranslationItem {
     std::vector<int32_t> src;
+    std::vector<int32_t> prefix;  // the target prefix, forced (may be empty)
     GenerateConfig g;
     std::promise<std::vector<Generation>> done;  // its num_return hypotheses, best first
   };
@@ -1656,21 +1677,28 @@ class Server {
       // --slots bounds a translation batch too; a sampled text decodes alone (the draws of a
       // batch share one generator, so a text's translation would depend on its batch mates)
       const auto most = g.sampling.greedy ? static_cast<size_t>(o_.slots) : size_t{1};
-      const auto same = [&g](const GenerateConfig& o) {  // settings a batch shares (not the limit)
+      const size_t prefix_len = all.front()->prefix.size();
+      // settings a batch shares (not the limit), and the target prefix's length (so that every
+      // row's prefix + limit fits the positions it would alone)
+      const auto same = [&g](const GenerateConfig& o) {
         return o.beam_size == g.beam_size && o.beam_search == g.beam_search && o.num_return == g.num_return &&
                o.length_penalty == g.length_penalty && o.sampling.greedy == g.sampling.greedy &&
                o.sampling.temperature == g.sampling.temperature && o.sampling.top_k == g.sampling.top_k &&
                o.sampling.top_p == g.sampling.top_p && o.sampling.seed == g.sampling.seed;
       };
-      for (auto& it : all) (same(it->g) && batch.size() < most ? batch : rest).push_back(it);
+      for (auto& it : all)
+        (same(it->g) && it->prefix.size() == prefix_len && batch.size() < most ? batch : rest).push_back(it);
       all.swap(rest);
-      std::vector<std::vector<int32_t>> src;
+      std::vector<std::vector<int32_t>> src, prefixes;
+      bool any_prefix = false;
       for (auto& it : batch) {
         src.push_back(it->src);
+        prefixes.push_back(it->prefix);
+        any_prefix = any_prefix || !it->prefix.empty();
         g.max_new_tokens = std::max(g.max_new_tokens, it->g.max_new_tokens);
       }
       try {
-        std::vector<Generation> out = translate(m, src, g);
+        std::vector<Generation> out = translate(m, src, g, any_prefix ? prefixes : std::vector<std::vector<int32_t>>{});
         const auto R = static_cast<size_t>(g.num_return);
         for (size_t k = 0; k < batch.size(); ++k) {
           const auto limit = static_cast<size_t>(batch[k]->g.max_new_tokens);

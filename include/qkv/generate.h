@@ -87,9 +87,12 @@ struct Generation {
 std::vector<Generation> generate(const Model& model, const std::vector<std::vector<int32_t>>& prompts,
                                  const GenerateConfig& config);
 
-// Encoder-decoder: one output per source, starting from the config's bos_id (which must be set).
+// Encoder-decoder: one output per source, starting from the config's bos_id (which must be set),
+// then, when given, source b's target prefix: tokens forced as the translation's start (CTranslate2's
+// target_prefix). Generations hold the tokens after the prefix, and their log-probability.
 std::vector<Generation> translate(const Model& model, const std::vector<std::vector<int32_t>>& sources,
-                                  const GenerateConfig& config);
+                                  const GenerateConfig& config,
+                                  const std::vector<std::vector<int32_t>>& target_prefixes = {});
 
 // Decoder-only scoring helper: log-probabilities of the next token after each prompt, (B, V)
 // row-major, using the cache path. For tests and `qkv generate --top`.

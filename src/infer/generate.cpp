@@ -677,7 +677,7 @@ std::vector<Generation> generate(const Model& model, const std::vector<std::vect
 }
 
 std::vector<Generation> translate(const Model& model, const std::vector<std::vector<int32_t>>& sources,
-                                  const GenerateConfig& g) {
+                                  const GenerateConfig& g, const std::vector<std::vector<int32_t>>& target_prefixes) {
   const ModelConfig& c = model.config();
   check(c.arch == Arch::EncoderDecoder, "translate: the model is ", arch_name(c.arch), ", not encoder-decoder");
   check(c.bos_id >= 0 && c.bos_id < c.vocab_size, "translate: the model's config needs a bos_id in [0, ",
@@ -686,12 +686,21 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
   if (sources.empty()) return {};
   check_ids("translate", sources, c.source_vocab(), "source");
   const int64_t B = static_cast<int64_t>(sources.size()), K = g.beam_size, R = B * K;
+  check(target_prefixes.empty() || static_cast<int64_t>(target_prefixes.size()) == B, "translate: ",
+        target_prefixes.size(), " target prefixes for ", B, " sources");
+  int64_t longest_prefix = 0;
+  for (size_t b = 0; b < target_prefixes.size(); ++b) {
+    longest_prefix = std::max<int64_t>(longest_prefix, static_cast<int64_t>(target_prefixes[b].size()));
+    for (size_t i = 0; i < target_prefixes[b].size(); ++i)
+      check(target_prefixes[b][i] >= 0 && target_prefixes[b][i] < c.vocab_size, "translate: target prefix ", b,
+            " token ", i, " = ", target_prefixes[b][i], " is outside the vocabulary [0, ", c.vocab_size, ")");
+  }
   int64_t S = 0;
   for (const auto& s : sources) S = std::max<int64_t>(S, static_cast<int64_t>(s.size()));
   if (c.positional == Positional::Learned) {
     check(S <= c.max_len, "translate: a source of ", S, " tokens exceeds the model's max_len ", c.max_len);
-    check(g.max_new_tokens <= c.max_len, "translate: max_new_tokens ", g.max_new_tokens, " exceeds max_len ",
-          c.max_len);
+    check(longest_prefix + g.max_new_tokens <= c.max_len, "translate: a target prefix of ", longest_prefix,
+          " tokens + max_new_tokens ", g.max_new_tokens, " exceed max_len ", c.max_len);
   }
   // memory <- encoder(sources), right-padded; each row repeated for its K beams
   Tensor src({R, S}, DType::I64), len({R}, DType::I64);
@@ -704,16 +713,20 @@ std::vector<Generation> translate(const Model& model, const std::vector<std::vec
   Tape tape;
   tape.recording = false;
   const Tensor memory = model.encode(tape, src, len)->value;
-  Session session(model, R, g.max_new_tokens, g, "translate");
+  Session session(model, R, longest_prefix + g.max_new_tokens, g, "translate");
   session.set_memory(memory, len);
   Driver d{model, g, c.vocab_size, resolve_eos(g, c), B, K, session, {}, {}, false};
+  // each row starts from bos, then its target prefix (forced, as CTranslate2's target_prefix)
   for (int64_t r = 0; r < R; ++r) {
-    d.seq.push_back({static_cast<int32_t>(c.bos_id)});
-    d.prefix.push_back(1);
+    std::vector<int32_t> start = {static_cast<int32_t>(c.bos_id)};
+    if (!target_prefixes.empty())
+      start.insert(start.end(), target_prefixes[r / K].begin(), target_prefixes[r / K].end());
+    d.prefix.push_back(static_cast<int64_t>(start.size()));
+    d.seq.push_back(std::move(start));
   }
   std::vector<Generation> out = K > 1 || g.beam_search ? d.beam_search() : d.sample();
   if (K == 1 && !g.beam_search && g.capture_attention)
-    for (int64_t b = 0; b < B; ++b) d.attach(out[b], session.captured()[b], 1);
+    for (int64_t b = 0; b < B; ++b) d.attach(out[b], session.captured()[b], d.prefix[static_cast<size_t>(b)]);
   return out;
 }
 
