@@ -37,7 +37,21 @@ struct SchedulerOptions {
   int64_t max_queue = 64;   // requests (and jobs) waiting at most; beyond it submit() refuses
 };
 
+// Constrained decoding (structured output): which tokens may come next. Each choice decodes with
+// its own copy (clone); before every choice of a token the scheduler asks allowed() and the
+// logits of the others become -infinity for that choice (the reported log-probabilities stay the
+// model's), then advance() hears the token chosen. A constraint that allows no token ends the
+// choice with an error.
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  virtual std::unique_ptr<TokenConstraint> clone() const = 0;
+  virtual void allowed(std::vector<char>& mask) const = 0;  // mask: V entries, set to 1 where allowed
+  virtual void advance(int32_t token) = 0;
+};
+
 struct CompletionRequest {
+  std::shared_ptr<const TokenConstraint> constraint;  // optional: each choice decodes under its copy
   std::vector<int32_t> prompt;  // non-empty, ids in the vocabulary
   int64_t max_tokens = 16;      // new tokens per choice (>= 1)
   SamplingConfig sampling;      // greedy or sampled; choice i samples from seed + i

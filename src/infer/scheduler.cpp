@@ -4,6 +4,7 @@
 #include "qkv/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace qkv {
@@ -19,10 +20,32 @@ struct Scheduler::Choice {
   Rng rng;
   std::vector<int32_t> history;  // prompt + generated
   bool done = false;
-  Choice(std::shared_ptr<Pending> r, int64_t i) : req(std::move(r)), index(i), rng(req->req.sampling.seed + static_cast<uint64_t>(i)) {}
+  std::unique_ptr<TokenConstraint> constraint;  // this choice's copy of the request's, if any
+  Choice(std::shared_ptr<Pending> r, int64_t i) : req(std::move(r)), index(i), rng(req->req.sampling.seed + static_cast<uint64_t>(i)) {
+    if (req->req.constraint) constraint = req->req.constraint->clone();
+  }
 };
 
 namespace {
+
+// The token a choice picks from its row of logits: under its constraint (the disallowed tokens'
+// logits -infinity in a copy of the row) when it has one, which then hears the token.
+int32_t choose_constrained(const float* z, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
+                           Rng& rng, size_t generated_from, TokenConstraint* c) {
+  if (!c) return choose_token(z, V, history, s, rng, generated_from);
+  std::vector<char> mask(static_cast<size_t>(V), 0);
+  c->allowed(mask);
+  std::vector<float> row(z, z + V);
+  bool any = false;
+  for (int64_t v = 0; v < V; ++v) {
+    if (!mask[static_cast<size_t>(v)]) row[static_cast<size_t>(v)] = -std::numeric_limits<float>::infinity();
+    any = any || mask[static_cast<size_t>(v)];
+  }
+  check(any, "the output constraint allows no token of this vocabulary here");
+  const int32_t t = choose_token(row.data(), V, history, s, rng, generated_from);
+  c->advance(t);
+  return t;
+}
 
 // The event for the token chosen from `z`; with k > 0 its log-probability and the k most probable
 // tokens (a softmax over the vocabulary, skipped when nobody asked).
@@ -178,7 +201,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       try {
         std::vector<float> z;
         ch->slot = slots_->add(r.prompt, &z);
-        const int32_t t = choose_token(z.data(), V, ch->history, r.sampling, ch->rng, r.prompt.size());
+        const int32_t t = choose_constrained(z.data(), V, ch->history, r.sampling, ch->rng, r.prompt.size(), ch->constraint.get());
         e = event_for(z.data(), V, t, r.top_logprobs);
       } catch (const Error& err) {
         if (ch->slot >= 0) slots_->remove(ch->slot);
@@ -224,12 +247,20 @@ void Scheduler::step_once() {
       e.finish = "error: " + failure;
     } else {
       const float* row = z.data() + static_cast<int64_t>(i) * V;
-      const int32_t t = choose_token(row, V, ch.history, r.sampling, ch.rng, r.prompt.size());
-      e = event_for(row, V, t, r.top_logprobs);
-      ch.history.push_back(t);
-      ++ch.generated;
-      if (t == r.eos_id) e.last = true, e.finish = "stop";
-      else if (ch.generated >= r.max_tokens) e.last = true, e.finish = "length";
+      int32_t t = -1;
+      try {
+        t = choose_constrained(row, V, ch.history, r.sampling, ch.rng, r.prompt.size(), ch.constraint.get());
+      } catch (const Error& err) {
+        e.last = true;
+        e.finish = std::string("error: ") + err.what();
+      }
+      if (t >= 0) {
+        e = event_for(row, V, t, r.top_logprobs);
+        ch.history.push_back(t);
+        ++ch.generated;
+        if (t == r.eos_id) e.last = true, e.finish = "stop";
+        else if (ch.generated >= r.max_tokens) e.last = true, e.finish = "length";
+      }
     }
     e.choice = ch.index;
     const bool go_on = ch.req->sink(e) && !e.last;
