@@ -374,8 +374,11 @@ def chat_checks(ck, qkv, lm, work):
             ("an image part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
              "messages", "text only"),
             ("a completions field", {"messages": msgs, "prompt": "x"}, "prompt", "/v1/completions"),
-            ("response_format json_object", {"messages": msgs, "response_format": {"type": "json_object"}},
-             "response_format", "not supported"),
+            ("response_format of an unknown type", {"messages": msgs, "response_format": {"type": "xml"}},
+             "response_format", "not text, json_object or json_schema"),
+            ("a schema qkv cannot follow", {"messages": msgs, "response_format": {"type": "json_schema",
+             "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"anyOf": []}}}}}},
+             "response_format", "anyOf"),
             ("tools", {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools",
              "not supported"),
             ("top_logprobs without logprobs", {"messages": msgs, "top_logprobs": 2}, "top_logprobs", "logprobs"),
@@ -470,6 +473,92 @@ def embedding_checks(ck, qkv, lm, tr):
     try:
         st, b = s.request("POST", "/v1/embeddings", {"input": "x"})
         error_of(ck, "embeddings: a translation model is a 400", st, b, 400, "input", "encoder-decoder")
+    finally:
+        s.stop()
+
+
+def random_schema(rng, depth=0):
+    """A random schema of the kinds structured output supports, small enough to finish."""
+    kinds = ["string", "integer", "number", "boolean", "null", "enum", "array"] + (["object"] * 2 if depth < 2 else [])
+    k = rng.choice(kinds)
+    if k == "string":
+        return {"type": "string", "maxLength": rng.randint(0, 6)}
+    if k == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", 7, -1.5, None, True], rng.randint(1, 4))}
+    if k == "array":
+        return {"type": "array", "items": random_schema(rng, depth + 2), "maxItems": rng.randint(0, 3)}
+    if k == "object":
+        names = rng.sample(["id", "name", "tags", "ok", "score", "child", "x"], rng.randint(1, 4))
+        props = {n: random_schema(rng, depth + 1) for n in names}
+        return {"type": "object", "properties": props, "required": rng.sample(names, rng.randint(0, len(names))),
+                "additionalProperties": False}
+    return {"type": k}
+
+
+def structured_checks(ck, qkv, work):
+    """response_format on /v1/completions and /v1/chat/completions: every answer of random schemas
+    (sampled, random seeds) parses and validates (python3-jsonschema); json_object gives an object."""
+    import jsonschema
+    lm = os.path.join(work, "lm512")
+    shutil.rmtree(lm, ignore_errors=True)
+    run([qkv, "--threads", "2", "train", "--steps", "2", "--preset", "tiny", "--max-len", "512", "--seed", "1",
+         "--task", "lm", "--data", os.path.join(work, "text.txt"), "--out", lm, "--tokenizer", "byte"])
+    tpl = os.path.join(work, "chatml.jinja")
+    with open(tpl, "w") as f:
+        f.write(CHATML)
+    s = Server(qkv, lm, "--api-key", KEY, "--max-tokens", "400", "--chat-template", tpl)
+    rng = random.Random(5)
+    try:
+        results = []
+        for i in range(30):
+            schema = {"type": "object", "properties": {"answer": random_schema(rng, 1), "extra": random_schema(rng, 1)},
+                      "required": ["answer"], "additionalProperties": False} if i % 3 else random_schema(rng)
+            body = {"prompt": "And God said", "max_tokens": 400, "temperature": 1.0, "seed": i,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}}
+            st, b = s.request("POST", "/v1/completions", body)
+            ok, why = st == 200, str(b)[:200]
+            if ok:
+                text = b["choices"][0]["text"]
+                try:
+                    jsonschema.validate(json.loads(text), schema)
+                    ok = b["choices"][0]["finish_reason"] == "stop"
+                except Exception as e:  # noqa: BLE001 - any failure is the check's
+                    ok, why = False, "%s: %r for %s" % (type(e).__name__, text, json.dumps(schema))
+            results.append((ok, why))
+        bad = [w for ok, w in results if not ok]
+        ck.report(not bad, "structured output: 30 random schemas, every sampled answer parses, validates and ends "
+                  "with eos", bad[:2])
+        st, b = s.request("POST", "/v1/completions", {"prompt": "And God said", "max_tokens": 400, "temperature": 1.0,
+                                                      "seed": 3, "n": 3, "response_format": {"type": "json_object"},
+                                                      "logit_bias": {str(3 + ord("}")): 6}})
+        objs = []
+        for c in (b["choices"] if st == 200 else []):
+            try:
+                objs.append(isinstance(json.loads(c["text"]), dict))
+            except ValueError:
+                objs.append(False)
+        ck.report(st == 200 and objs == [True] * 3, "structured output: json_object, n = 3: three JSON objects",
+                  str(b)[:300])
+        schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                   "days": {"type": "integer"}}, "required": ["city", "days"]}
+        st, b = s.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 200, "temperature": 0.8, "seed": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
+        try:
+            jsonschema.validate(json.loads(b["choices"][0]["message"]["content"]), schema)
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+        ck.report(st == 200 and ok, "structured output on chat: the answer validates", str(b)[:300])
+        st, ev = s.stream({"prompt": "x", "max_tokens": 200, "temperature": 0.9, "seed": 2,
+                           "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
+        text = "".join(e["choices"][0]["text"] for e in ev if e != "DONE" and e["choices"])
+        try:
+            jsonschema.validate(json.loads(text), schema)
+            ok = True
+        except Exception:  # noqa: BLE001
+            ok = False
+        ck.report(st == 200 and ok, "structured output streamed: the text validates", text[:200])
     finally:
         s.stop()
 
@@ -1121,6 +1210,7 @@ def main():
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     embedding_checks(ck, qkv, lm, tr)
+    structured_checks(ck, qkv, work)
     inspect_checks(ck, qkv, lm, tr, work)
     print("%d passed, %d failed" % (ck.passed, ck.failed))
     if not a.keep:

@@ -46,6 +46,10 @@ TEST(JsonConstraint, AcceptsWhatTheSchemaAllows) {
   EXPECT_FALSE(prefix("", "[1]"));
   EXPECT_FALSE(prefix("", "{\"a\": \"\x01"));
   EXPECT_FALSE(prefix("", "{\"a\": \"\xC0"));  // not a UTF-8 lead byte
+  EXPECT_FALSE(prefix("", "{\"a\": \"\xE0\x80"));      // overlong
+  EXPECT_FALSE(prefix("", "{\"a\": \"\xED\xA0"));      // a surrogate
+  EXPECT_FALSE(prefix("", "{\"a\": \"\xF4\x90"));      // past U+10FFFF
+  EXPECT_TRUE(prefix("", "{\"a\": \"\xE2\x82\xAC\xF0\x9F\x98\x80"));  // a euro sign, an emoji
   // a bare number at the root is complete when it is one
   EXPECT_TRUE(accepts(R"({"type": "number"})", "12.5"));
   EXPECT_FALSE(accepts(R"({"type": "number"})", "12."));

@@ -39,6 +39,7 @@
 #include "commands.h"
 #include "qkv/chat_template.h"
 #include "qkv/files.h"
+#include "qkv/json_constraint.h"
 #include "qkv/qkv.h"
 #include "qkv/scheduler.h"
 #include "qkv/signals.h"
@@ -695,6 +696,7 @@ class Server {
     p.r.sampling.presence_penalty = static_cast<float>(f.number("presence_penalty", -2, 2, 0));
     p.r.sampling.frequency_penalty = static_cast<float>(f.number("frequency_penalty", -2, 2, 0));
     p.stop = f.strings("stop", 4, false, true);
+    if (const Json* rf = f.get("response_format"); rf && !rf->is_null()) p.r.constraint = output_constraint(*rf);
     f.done();
     p.r.eos_id = tok_->eos_id();
     const int64_t context = sched_->options().max_len;
@@ -704,6 +706,49 @@ class Server {
                                          " (", p.prompts[k].size(), " tokens) + max_tokens (", p.r.max_tokens,
                                          ") exceed the model's context of ", context, " tokens"));
     return p;
+  }
+
+  // OpenAI's response_format: {"type": "text"} (none), {"type": "json_object"} (any JSON object),
+  // {"type": "json_schema", "json_schema": {"name", "schema", "strict"}} (qkv/json_constraint.h).
+  std::shared_ptr<const TokenConstraint> output_constraint(const Json& rf) {
+    const auto refuse = [&](const std::string& why) { bad("response_format", "'response_format' " + why); };
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      refuse("must be an object with a \"type\": text, json_object or json_schema");
+    const std::string type = rf["type"].get<std::string>();
+    for (auto it = rf.begin(); it != rf.end(); ++it)
+      if (it.key() != "type" && it.key() != "json_schema") refuse("has the unknown field '" + it.key() + "'");
+    if (type == "text") return nullptr;
+    std::string schema;
+    if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+        refuse("of type json_schema needs \"json_schema\": {\"name\", \"schema\"}");
+      const Json& js = rf["json_schema"];
+      if (!js.contains("schema") || !js["schema"].is_object()) refuse("needs json_schema.schema, an object");
+      schema = js["schema"].dump();
+    } else if (type != "json_object") {
+      refuse("type '" + type + "' is not text, json_object or json_schema");
+    }
+    if (tok_->eos_id() < 0) refuse("needs a tokenizer with an end-of-sequence token to end the JSON");
+    std::shared_ptr<const JsonMachine> m;
+    try {
+      m = json_machine(schema);
+    } catch (const Error& e) {
+      bad("response_format", e.what());
+    }
+    return json_constraint(m, token_trie(), static_cast<int32_t>(tok_->eos_id()));
+  }
+
+  // The vocabulary's bytes as a trie (built once): special tokens (those that decode to nothing)
+  // left out.
+  std::shared_ptr<const TokenTrie> token_trie() {
+    std::lock_guard<std::mutex> lock(trie_mu_);
+    if (!trie_) {
+      std::vector<std::string> bytes(static_cast<size_t>(model_->config().vocab_size));
+      for (int64_t v = 0; v < tok_->vocab_size(); ++v)
+        if (!tok_->decode({static_cast<int32_t>(v)}).empty()) bytes[static_cast<size_t>(v)] = tok_->token_bytes(static_cast<int32_t>(v));
+      trie_ = std::make_shared<const TokenTrie>(bytes);
+    }
+    return trie_;
   }
 
   // Characters in UTF-8 text (bytes that do not continue a character; a stray byte counts as one).
@@ -1095,7 +1140,7 @@ class Server {
     }
     // what the completion runs on, from the chat's fields
     Json comp = Json::parse(req.body);
-    for (const char* k : {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "tools",
+    for (const char* k : {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools",
                           "tool_choice", "parallel_tool_calls", "min_p", "store", "metadata", "service_tier"})
       comp.erase(k);
     if (body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()) {
@@ -1117,12 +1162,6 @@ class Server {
       top = t.get<int64_t>();
     }
     if (logprobs) comp["logprobs"] = std::max<int64_t>(1, top);
-    if (body.contains("response_format") && !body["response_format"].is_null()) {
-      const OJson& f = body["response_format"];
-      if (!(f.is_object() && f.contains("type") && f["type"] == "text"))
-        bad("response_format", "'response_format' " + f.dump() + " is not supported: qkv does not constrain output to "
-                               "JSON yet; send {\"type\": \"text\"} or leave it out");
-    }
     if (body.contains("tools") && !body["tools"].is_null() && !(body["tools"].is_array() && body["tools"].empty()))
       bad("tools", "'tools' is not supported: qkv serve does not parse tool calls from a model's output");
     if (body.contains("tool_choice") && !body["tool_choice"].is_null() && body["tool_choice"] != "none" &&
@@ -1765,6 +1804,8 @@ class Server {
   ChatTemplateSource chat_source_;     // the chat template's text and special tokens
   std::unique_ptr<ChatTemplate> chat_;  // null: no template (chat_error_ says why, when one failed)
   std::string chat_error_;
+  std::mutex trie_mu_;
+  std::shared_ptr<const TokenTrie> trie_;  // the vocabulary for structured output, built on first use
   std::string pooling_ = "mean", pooling_from_;  // /v1/embeddings: mean, cls or last, and who said so
   bool normalize_ = false;
   std::string embedding_error_;  // a folder's pooling qkv does not do

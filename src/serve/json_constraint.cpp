@@ -65,6 +65,7 @@ struct Frame {
   uint8_t ws = 0;     // whitespace in a row here
   uint8_t esc = 0;    // string: 1 after a backslash, 2..5: hex digits of \u left + 1
   uint8_t utf8 = 0;   // string: continuation bytes expected
+  uint8_t u8lo = 0x80, u8hi = 0xBF;  // the next continuation byte's range (UTF-8's well-formed table)
   uint8_t lit = 0;    // literal: where its candidates are
   uint64_t cand = 0;  // literal candidates; object: keys still matching
   uint64_t seen = 0;  // object: properties written
@@ -87,6 +88,21 @@ struct State {
 };
 
 bool is_ws(unsigned char c) { return c == ' ' || c == '\n'; }
+
+// A UTF-8 lead byte: the continuation bytes it needs and the first one's range (Unicode's table of
+// well-formed sequences: no overlong forms, no surrogates, nothing past U+10FFFF); false if c
+// leads nothing.
+bool utf8_lead(unsigned char c, uint8_t* need, uint8_t* lo, uint8_t* hi) {
+  *lo = 0x80, *hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) return *need = 1, true;
+  if (c == 0xE0) return *need = 2, *lo = 0xA0, true;
+  if (c == 0xED) return *need = 2, *hi = 0x9F, true;
+  if (c >= 0xE1 && c <= 0xEF) return *need = 2, true;
+  if (c == 0xF0) return *need = 3, *lo = 0x90, true;
+  if (c >= 0xF1 && c <= 0xF3) return *need = 3, true;
+  if (c == 0xF4) return *need = 3, *hi = 0x8F, true;
+  return false;
+}
 bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 bool is_hex(unsigned char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -241,8 +257,8 @@ class Runner {
           return R::Accept;
         }
         if (f.utf8 > 0) {
-          if (c < 0x80 || c > 0xBF) return R::Reject;
-          --f.utf8;
+          if (c < f.u8lo || c > f.u8hi) return R::Reject;
+          --f.utf8, f.u8lo = 0x80, f.u8hi = 0xBF;
           return R::Accept;
         }
         if (c == '"') {
@@ -253,11 +269,8 @@ class Runner {
         if (f.count >= n.max_len || c < 0x20 || c == 0x7f) return R::Reject;
         if (c == '\\') {
           f.esc = 1;
-        } else if (c >= 0x80) {
-          if (c >= 0xC2 && c <= 0xDF) f.utf8 = 1;
-          else if (c >= 0xE0 && c <= 0xEF) f.utf8 = 2;
-          else if (c >= 0xF0 && c <= 0xF4) f.utf8 = 3;
-          else return R::Reject;
+        } else if (c >= 0x80 && !utf8_lead(c, &f.utf8, &f.u8lo, &f.u8hi)) {
+          return R::Reject;
         }
         ++f.count;
         return R::Accept;
@@ -362,8 +375,8 @@ class Runner {
             return R::Accept;
           }
           if (f.utf8 > 0) {
-            if (c < 0x80 || c > 0xBF) return R::Reject;
-            --f.utf8;
+            if (c < f.u8lo || c > f.u8hi) return R::Reject;
+            --f.utf8, f.u8lo = 0x80, f.u8hi = 0xBF;
             return R::Accept;
           }
           if (c == '"') {
@@ -372,10 +385,7 @@ class Runner {
           }
           if (c < 0x20 || c == 0x7f) return R::Reject;
           if (c == '\\') f.esc = 1;
-          else if (c >= 0xC2 && c <= 0xDF) f.utf8 = 1;
-          else if (c >= 0xE0 && c <= 0xEF) f.utf8 = 2;
-          else if (c >= 0xF0 && c <= 0xF4) f.utf8 = 3;
-          else if (c >= 0x80) return R::Reject;
+          else if (c >= 0x80 && !utf8_lead(c, &f.utf8, &f.u8lo, &f.u8hi)) return R::Reject;
           return R::Accept;
         }
         if (c == '"') {
