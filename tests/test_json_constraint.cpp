@@ -85,6 +85,7 @@ TEST(JsonConstraint, MaskIsTheAutomatonOnEveryToken) {
       bool ok = false;
       json_machine_accepts(*m, text + vocab[v], &ok);
       EXPECT_EQ(mask[v] != 0, ok && !vocab[v].empty()) << "after '" << text << "', token '" << vocab[v] << "'";
+      EXPECT_EQ(c->allows(static_cast<int32_t>(v)), mask[v] != 0) << "allows() of token '" << vocab[v] << "'";
     }
     EXPECT_EQ(mask[0], 0) << "eos before the value is whole";
     ASSERT_TRUE(mask[static_cast<size_t>(t)]);

@@ -41,12 +41,15 @@ struct SchedulerOptions {
 // its own copy (clone); before every choice of a token the scheduler asks allowed() and the
 // logits of the others become -infinity for that choice (the reported log-probabilities stay the
 // model's), then advance() hears the token chosen. A constraint that allows no token ends the
-// choice with an error.
+// choice with an error. Greedy choices and sampling without top_k / top_p first try the token
+// chosen from the whole row and build the mask only when it is not allowed: the same token for
+// greedy, and for sampling the same distribution (p(t) / the allowed mass), drawn differently.
 class TokenConstraint {
  public:
   virtual ~TokenConstraint() = default;
   virtual std::unique_ptr<TokenConstraint> clone() const = 0;
   virtual void allowed(std::vector<char>& mask) const = 0;  // mask: V entries, set to 1 where allowed
+  virtual bool allows(int32_t token) const = 0;             // one token: what allowed() would say of it
   virtual void advance(int32_t token) = 0;
 };
 

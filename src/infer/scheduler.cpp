@@ -33,6 +33,15 @@ namespace {
 int32_t choose_constrained(const float* z, int64_t V, const std::vector<int32_t>& history, const SamplingConfig& s,
                            Rng& rng, size_t generated_from, TokenConstraint* c) {
   if (!c) return choose_token(z, V, history, s, rng, generated_from);
+  if (s.greedy || (s.top_k == 0 && s.top_p >= 1.0f)) {
+    // the unmasked choice, when allowed: greedy's is the masked argmax; a sample t is kept with
+    // probability p(t), else redrawn from the masked row, which gives p(t) / (allowed mass)
+    const int32_t t = choose_token(z, V, history, s, rng, generated_from);
+    if (c->allows(t)) {
+      c->advance(t);
+      return t;
+    }
+  }
   std::vector<char> mask(static_cast<size_t>(V), 0);
   c->allowed(mask);
   std::vector<float> row(z, z + V);

@@ -562,6 +562,16 @@ class JsonTokenConstraint : public TokenConstraint {
     walk(r, 0, state_, mask);
   }
 
+  bool allows(int32_t token) const override {
+    const Runner r(*m_);
+    if (token == eos_) return r.complete(state_);
+    if (token < 0 || token >= trie_->vocab_size() || trie_->bytes(token).empty()) return false;
+    State t = state_;
+    for (unsigned char c : trie_->bytes(token))
+      if (!r.feed(t, c)) return false;
+    return true;
+  }
+
   void advance(int32_t token) override {
     const Runner r(*m_);
     if (token == eos_ || token < 0 || token >= trie_->vocab_size()) return;
