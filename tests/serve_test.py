@@ -733,6 +733,14 @@ def lm_checks(ck, qkv, lm):
                   z["usage"]["completion_tokens"] == 0 and z["choices"][0]["finish_reason"] == "length" and
                   abs(zl["token_logprobs"][-1] - gl["token_logprobs"][0]) < 1e-4,
                   "max_tokens 0 with echo: the prompt scored as generation scored its token", (zl, gl))
+        # streamed echo with logprobs: the prompt's chunk carries the prompt's scores, as the whole answer does
+        st, ev = s.stream({"prompt": prompt, "max_tokens": 3, "temperature": 0, "logprobs": 2, "echo": True})
+        first = ev[0]["choices"][0] if st == 200 and ev and ev[0] != "DONE" else {}
+        fl = first.get("logprobs") or {}
+        ck.report(first.get("text") == prompt and fl.get("tokens") == el["tokens"][:P] and
+                  fl.get("token_logprobs") == el["token_logprobs"][:P] and fl.get("top_logprobs") == el["top_logprobs"][:P]
+                  and fl.get("text_offset") == list(range(P)),
+                  "streamed echo with logprobs: the prompt's chunk carries its tokens' scores", first)
         st, b = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 0})
         error_of(ck, "max_tokens 0 without echo: 400", st, b, 400, param="max_tokens")
         st, b = s.stream({"prompt": prompt, "max_tokens": 0, "echo": True})

@@ -980,7 +980,30 @@ class Server {
     // streaming: server-sent events, one chunk per settled piece of text, then [DONE]
     // on this worker thread, after the handler returns; the Completion ends as the stream does
     res.content_type = "text/event-stream";
-    res.stream = [this, p, c, choices, bases, cid, created, all_ended, n, N](http::ChunkSink& sink) {
+    // echo with logprobs: the prompt's chunk carries its tokens' scores (the first null) and offsets
+    std::vector<Json> echo_lp;
+    for (size_t k = 0; k < scores.size(); ++k) {
+      Json l = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
+                {"text_offset", Json::array()}};
+      int64_t at = 0;
+      for (size_t t = 0; t < p->prompts[k].size(); ++t) {
+        const std::string text = token_text(p->prompts[k][t]);
+        l["tokens"].push_back(text);
+        l["text_offset"].push_back(at);
+        at += utf8_length(text);
+        if (t == 0) {
+          l["token_logprobs"].push_back(nullptr);
+          l["top_logprobs"].push_back(nullptr);
+          continue;
+        }
+        l["token_logprobs"].push_back(scores[k].logprob[t]);
+        Json top = Json::object();
+        for (const auto& [id, v] : scores[k].top[t]) top[token_text(id)] = v;
+        l["top_logprobs"].push_back(top);
+      }
+      echo_lp.push_back(std::move(l));
+    }
+    res.stream = [this, p, c, choices, bases, cid, created, all_ended, n, N, echo_lp](http::ChunkSink& sink) {
           struct End {
             Completion& c;
             ~End() { c.gone = true; }  // however it ended, the scheduler may free the slots
@@ -1017,7 +1040,9 @@ class Server {
               if (!chat_chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr, "")) return;
           if (p->echo)
             for (int64_t i = 0; i < N; ++i)
-              if (!chunk(i, p->prompt_texts[static_cast<size_t>(i / n)], nullptr, "")) return;
+              if (!chunk(i, p->prompt_texts[static_cast<size_t>(i / n)],
+                         echo_lp.empty() ? Json(nullptr) : echo_lp[static_cast<size_t>(i / n)], ""))
+                return;
           while (!all_ended()) {
             {
               std::unique_lock<std::mutex> lock(c->mu);
