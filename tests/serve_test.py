@@ -96,8 +96,10 @@ class Server:
         """The SSE events of a streamed completion (parsed JSON, and 'DONE'); stop_after: close
         the connection after that many events."""
         c = http.client.HTTPConnection(self.host, self.port, timeout=120)
-        c.request("POST", path, body=json.dumps(dict(body, stream=True)),
-                  headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        c.request("POST", path, body=json.dumps(dict(body, stream=True)), headers=headers)
         r = c.getresponse()
         events = []
         if r.status != 200:
@@ -1006,6 +1008,28 @@ def task_checks(ck, qkv, tr, cls, work):
                                                         "target_prefix": ["zz"]}, key=None)
         ck.report(st == 200 and p2["translations"][0].startswith("zz"), "/v1/translations target_prefix with a beam",
                   p2)
+        # streamed (beam 1): each text's pieces, then its last event; the same texts and
+        # log-probabilities as the whole answer
+        lines3 = ["one two three", "", "nine four"]
+        st, whole = s.request("POST", "/v1/translations", {"text": lines3, "beam": 1}, key=None)
+        st2, ev = s.stream({"text": lines3, "beam": 1}, key=None, path="/v1/translations")
+        texts, lps, fins = [""] * 3, [None] * 3, [None] * 3
+        for e in ev:
+            if e == "DONE":
+                continue
+            texts[e["index"]] += e["text"]
+            if "finish_reason" in e:
+                lps[e["index"]], fins[e["index"]] = e["logprob"], e["finish_reason"]
+        ck.report(st == st2 == 200 and ev[-1] == "DONE" and texts == whole["translations"] and
+                  lps == whole["logprobs"] and all(f in ("stop", "length") for f in fins) and len(ev) > 4,
+                  "/v1/translations streamed: the pieces make the whole answer's texts and log-probabilities",
+                  (texts, whole, len(ev)))
+        st, ev = s.stream({"text": ["one two three"], "beam": 1, "target_prefix": ["zz"]}, key=None,
+                          path="/v1/translations")
+        ck.report(st == 200 and "".join(e["text"] for e in ev if e != "DONE").startswith("zz"),
+                  "/v1/translations streamed with a target prefix", ev[:3])
+        st, b = s.request("POST", "/v1/translations", {"text": ["a"], "beam": 4, "stream": True}, key=None)
+        error_of(ck, "400: a streamed translation with a beam of 4", st, b, 400, "stream")
         st, b = s.request("POST", "/v1/translations", {"text": ["a", "b"], "target_prefix": ["x"]}, key=None)
         error_of(ck, "400: a target_prefix per text", st, b, 400, "target_prefix", "one per text")
         samp = {"text": ["one two three", "nine four"], "beam": 1, "temperature": 1.5, "seed": 9}

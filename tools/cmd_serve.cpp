@@ -1634,7 +1634,11 @@ class Server {
     // CTranslate2's target_prefix: the start of each translation, forced (one per text, or one
     // string for a single text); the translation includes it
     const std::vector<std::string> prefixes = f.strings("target_prefix", 64, false, false);
+    const bool stream = f.boolean("stream", false);
     f.done();
+    if (stream && (beam != 1 || n_best != 1))
+      bad("stream", "a streamed translation is decoded token by token: give beam 1 (greedy, or sampling with a "
+                    "temperature) and n 1");
     if (!prefixes.empty() && prefixes.size() != texts.size())
       bad("target_prefix", detail::concat("'target_prefix' holds ", prefixes.size(), " prefixes for ", texts.size(),
                                           " texts; give one per text"));
@@ -1681,6 +1685,10 @@ class Server {
                                             c.max_len, " positions to translate"));
       g.max_new_tokens = std::min(g.max_new_tokens, c.max_len - longest_prefix);
     }
+    if (stream) {
+      stream_translations(texts, rows, std::move(src), std::move(tgt_prefix), g, res);
+      return;
+    }
     // the texts join whatever other requests wait for translation: one job translates them all,
     // grouped by their decoding settings (concurrent clients share batches)
     std::vector<std::shared_ptr<TranslationItem>> items;
@@ -1717,6 +1725,112 @@ class Server {
     Json body = {{"model", id_}, {"translations", Json(tr)}, {"logprobs", logprobs}};
     if (n_best > 1) body["n_best"] = best;
     res.body = dump(body);
+  }
+
+  // A streamed translation (beam 1): one job on the scheduler thread decodes the texts together,
+  // handing each token over as it is chosen; this request's thread sends each text's settled text
+  // as server-sent events {"model", "index", "text"}, then per text a last event with its
+  // "logprob" and "finish_reason", then [DONE]. A text with no tokens gets its (empty) last event.
+  void stream_translations(const std::vector<std::string>& texts, const std::vector<size_t>& rows,
+                           std::vector<std::vector<int32_t>> src, std::vector<std::vector<int32_t>> prefixes,
+                           GenerateConfig g, http::Response& res) {
+    struct Live {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::deque<std::pair<int64_t, int32_t>> tokens;  // (row, token) as chosen
+      bool done = false;
+      std::string error;
+      std::vector<Generation> out;
+      std::atomic<bool> gone{false};
+    };
+    auto live = std::make_shared<Live>();
+    g.on_token = [live](int64_t row, int32_t t) {
+      if (live->gone) throw Error("the client went away");
+      std::lock_guard<std::mutex> lock(live->mu);
+      live->tokens.emplace_back(row, t);
+      live->cv.notify_all();
+    };
+    bool any_prefix = false;
+    for (const auto& p : prefixes) any_prefix = any_prefix || !p.empty();
+    if (!src.empty()) {
+      (void)sched_->run([live, src, prefixes, any_prefix, g](const Model& m) {
+        try {
+          auto out = translate(m, src, g, any_prefix ? prefixes : std::vector<std::vector<int32_t>>{});
+          std::lock_guard<std::mutex> lock(live->mu);
+          live->out = std::move(out);
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(live->mu);
+          live->error = e.what();
+        }
+        std::lock_guard<std::mutex> lock(live->mu);
+        live->done = true;
+        live->cv.notify_all();
+        return 0;
+      });
+    } else {
+      live->done = true;
+    }
+    res.content_type = "text/event-stream";
+    res.stream = [this, live, rows, prefixes, n_texts = texts.size()](http::ChunkSink& sink) {
+      struct End {
+        Live& l;
+        ~End() { l.gone = true; }
+      } end{*live};
+      const auto send = [&](const Json& j) { return sink.write("data: " + dump(j) + "\n\n"); };
+      std::vector<std::vector<int32_t>> ids(rows.size());
+      std::vector<std::string> sent(rows.size());
+      // the text of row k so far, less what may still change (an unfinished character)
+      const auto settled = [&](size_t k) {
+        std::vector<int32_t> all = prefixes[k];
+        all.insert(all.end(), ids[k].begin(), ids[k].end());
+        std::string t = output_text(*tok_, all);
+        while (t.size() >= 3 && t.compare(t.size() - 3, 3, "\xEF\xBF\xBD") == 0) t.resize(t.size() - 3);
+        return t;
+      };
+      bool finished = false;
+      while (!finished) {
+        std::deque<std::pair<int64_t, int32_t>> got;
+        {
+          std::unique_lock<std::mutex> lock(live->mu);
+          live->cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !live->tokens.empty() || live->done; });
+          got.swap(live->tokens);
+          finished = live->done && live->tokens.empty();
+        }
+        if (!sink.open()) return;
+        std::set<size_t> touched;
+        for (const auto& [row, t] : got) {
+          ids[static_cast<size_t>(row)].push_back(t);
+          touched.insert(static_cast<size_t>(row));
+        }
+        for (size_t k : touched) {
+          const std::string now = settled(k);
+          if (now.size() > sent[k].size() && now.compare(0, sent[k].size(), sent[k]) == 0) {
+            if (!send({{"model", id_}, {"index", rows[k]}, {"text", now.substr(sent[k].size())}})) return;
+            sent[k] = now;
+          }
+        }
+      }
+      if (!live->error.empty()) {
+        send({{"error", {{"message", live->error}, {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}});
+        return;
+      }
+      // each text's last event: the rest of its text, its log-probability and why it ended
+      std::vector<bool> has(n_texts, false);
+      for (size_t k = 0; k < rows.size(); ++k) {
+        std::vector<int32_t> all = prefixes[k];
+        all.insert(all.end(), live->out[k].tokens.begin(), live->out[k].tokens.end());
+        const std::string whole = output_text(*tok_, all);
+        const std::string rest = whole.compare(0, sent[k].size(), sent[k]) == 0 ? whole.substr(sent[k].size()) : "";
+        if (!send({{"model", id_}, {"index", rows[k]}, {"text", rest}, {"logprob", live->out[k].logprob},
+                   {"finish_reason", live->out[k].finished ? "stop" : "length"}}))
+          return;
+        has[rows[k]] = true;
+      }
+      for (size_t i = 0; i < n_texts; ++i)
+        if (!has[i] && !send({{"model", id_}, {"index", i}, {"text", ""}, {"logprob", 0.0}, {"finish_reason", "stop"}}))
+          return;
+      sink.write("data: [DONE]\n\n");
+    };
   }
 
   struct TranslationItem {

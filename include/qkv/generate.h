@@ -67,6 +67,9 @@ struct GenerateConfig {
   // prompt), with the step's index: for progress and for timing each step (`qkv bench decode`).
   // An exception it throws ends the generation.
   std::function<void(int64_t step)> on_step;
+  // Without beam search: called for each token as it is chosen, with its row (a translation or
+  // prompt), before on_step (streaming). An exception it throws ends the generation.
+  std::function<void(int64_t row, int32_t token)> on_token;
 };
 
 struct Generation {

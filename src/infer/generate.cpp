@@ -373,6 +373,7 @@ struct Driver {
         out[b].tokens.push_back(t);
         seq[b].push_back(t);
         if (t == eos) done[b] = out[b].finished = true;
+        if (g.on_token) g.on_token(b, t);
       }
       if (g.on_step) g.on_step(step);
       if (step + 1 == g.max_new_tokens || std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
