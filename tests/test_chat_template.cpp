@@ -50,6 +50,17 @@ TEST(ChatTemplate, ErrorsNameTheTemplateAndLine) {
             std::string::npos);
   EXPECT_NE(err(std::string(5000, '-') + "{{ " + std::string(100000, '-') + "1 }}").find("nested more than 200 deep"),
             std::string::npos);
+  EXPECT_NE(err("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}")
+                .find("runs more than 5,000,000 statements"),
+            std::string::npos);
+  // (a namespace carries values across iterations)
+  EXPECT_NE(err("{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}{% endfor %}")
+                .find("more than 2^20 items"),
+            std::string::npos);
+  EXPECT_NE(err("{% set ns = namespace(s='xxxxxxxx') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}")
+                .find("16 MiB"),
+            std::string::npos);
+  EXPECT_NE(err("{{ 'abc' * 10000000 }}").find("16 MiB"), std::string::npos);
   EXPECT_NE(err("{{ range(100000000) | length }}").find("range() of more than 2^20 values"), std::string::npos);
 }
 

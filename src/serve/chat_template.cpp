@@ -1068,7 +1068,17 @@ class Renderer {
     return Flow::Normal;
   }
 
+  // Budgets, so that no template (a model folder's bytes are hostile too) runs for ever or fills
+  // memory: statements executed, and the size of any text or list made.
+  static constexpr int64_t kMaxSteps = 5'000'000;
+  static constexpr size_t kMaxText = size_t{16} << 20, kMaxList = size_t{1} << 20;
+  void text_fits(size_t n, const Node& at) const {
+    if (n > kMaxText) err(at, "the template makes more than 16 MiB of text");
+  }
+
   Flow exec(const Node& s, std::string& out) {
+    if (++steps_ > kMaxSteps) err(s, "the template runs more than 5,000,000 statements");
+    text_fits(out.size(), s);
     switch (s.n) {
       case N::Text: out += s.s; return Flow::Normal;
       case N::Output: out += to_str(eval(*s.kids[0])); return Flow::Normal;
@@ -1171,6 +1181,7 @@ class Renderer {
     if (s.kids.size() > 1) {  // for x in xs if cond: filtered before the loop counts
       List kept;
       for (const Value& item : items) {
+        if (++steps_ > kMaxSteps) err(s, "the template runs more than 5,000,000 statements");
         frames_.emplace_back();
         bind(item);
         if (truthy(eval(*s.kids[1]))) kept.push_back(item);
@@ -1180,6 +1191,7 @@ class Renderer {
     }
     const auto n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (++steps_ > kMaxSteps) err(s, "the template runs more than 5,000,000 statements");
       frames_.emplace_back();
       Dict loop = {{"index", Value::integer(i + 1)},
                    {"index0", Value::integer(i)},
@@ -1352,7 +1364,11 @@ class Renderer {
     if (op == "==") return Value::boolean(equal(a, b));
     if (op == "!=") return Value::boolean(!equal(a, b));
     if (op == "in" || op == "not in") return Value::boolean(contains(b, a, e) == (op == "in"));
-    if (op == "~") return Value::str(to_str(a) + to_str(b));
+    if (op == "~") {
+      std::string t = to_str(a) + to_str(b);
+      text_fits(t.size(), e);
+      return Value::str(std::move(t));
+    }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
       int c = 0;
       if (a.is_num() && b.is_num()) c = a.num() < b.num() ? -1 : a.num() > b.num() ? 1 : 0;
@@ -1363,8 +1379,12 @@ class Renderer {
     need_defined(a, e);
     need_defined(b, e);
     if (op == "+") {
-      if (a.k == Value::K::Str && b.k == Value::K::Str) return Value::str(a.s + b.s);
+      if (a.k == Value::K::Str && b.k == Value::K::Str) {
+        text_fits(a.s.size() + b.s.size(), e);
+        return Value::str(a.s + b.s);
+      }
       if (a.k == Value::K::Seq && b.k == Value::K::Seq) {
+        if (a.list->size() + b.list->size() > kMaxList) err(e, "the template makes a list of more than 2^20 items");
         List l = *a.list;
         l.insert(l.end(), b.list->begin(), b.list->end());
         return Value::of_list(std::move(l));
@@ -1373,7 +1393,8 @@ class Renderer {
     if (op == "*" && ((a.k == Value::K::Str && b.k == Value::K::Int) || (a.k == Value::K::Int && b.k == Value::K::Str))) {
       const std::string& s = a.k == Value::K::Str ? a.s : b.s;
       const int64_t times = a.k == Value::K::Int ? a.i : b.i;
-      if (times > 1 << 20) err(e, "a string repeated more than 2^20 times");
+      if (times > 1 << 20 || static_cast<double>(s.size()) * static_cast<double>(std::max<int64_t>(times, 0)) > kMaxText)
+        err(e, "a string repeated into more than 16 MiB");
       std::string out;
       for (int64_t i = 0; i < times; ++i) out += s;
       return Value::str(out);
@@ -2099,6 +2120,7 @@ class Renderer {
   std::string name_;
   std::vector<Frame> frames_;
   int depth_ = 0;
+  int64_t steps_ = 0;
 };
 
 }  // namespace
