@@ -1008,32 +1008,27 @@ class Server {
             Completion& c;
             ~End() { c.gone = true; }  // however it ended, the scheduler may free the slots
           } end{*c};
-          const auto chunk = [&](int64_t i, const std::string& text, const Json& lps, const std::string& finish) {
+          // one choice's event: completions' {"text": ...}; chat's {"delta": ...} (the role first,
+          // then content deltas, then an empty delta with the finish reason)
+          const auto event = [&](int64_t i, const char* field, const Json& value, const Json& lps,
+                                 const std::string& finish) {
             Json j = {{"id", cid},
-                      {"object", "text_completion"},
+                      {"object", p->chat ? "chat.completion.chunk" : "text_completion"},
                       {"created", created},
                       {"model", id_},
                       {"choices",
                        {{{"index", i},
-                         {"text", text},
+                         {field, value},
                          {"logprobs", lps},
                          {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
             if (p->include_usage) j["usage"] = nullptr;
             return sink.write("data: " + dump(j) + "\n\n");
           };
-          // chat: the role first, then content deltas, then an empty delta with the finish reason
+          const auto chunk = [&](int64_t i, const std::string& text, const Json& lps, const std::string& finish) {
+            return event(i, "text", text, lps, finish);
+          };
           const auto chat_chunk = [&](int64_t i, const Json& delta, const Json& lps, const std::string& finish) {
-            Json j = {{"id", cid},
-                      {"object", "chat.completion.chunk"},
-                      {"created", created},
-                      {"model", id_},
-                      {"choices",
-                       {{{"index", i},
-                         {"delta", delta},
-                         {"logprobs", lps},
-                         {"finish_reason", finish.empty() ? Json(nullptr) : Json(finish)}}}}};
-            if (p->include_usage) j["usage"] = nullptr;
-            return sink.write("data: " + dump(j) + "\n\n");
+            return event(i, "delta", delta, lps, finish);
           };
           if (p->chat)
             for (int64_t i = 0; i < N; ++i)

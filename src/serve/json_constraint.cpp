@@ -172,6 +172,23 @@ class Runner {
       default: break;
     }
   }
+  // Inside a string, after a backslash (an escape's letter, \\u's hex digits) or a UTF-8 lead byte
+  // (its continuation bytes, the first in the lead's range).
+  static R pending(Frame& f, unsigned char c) {
+    if (f.esc == 1) {
+      if (!std::strchr("\"\\/bfnrtu", c) || c == 0) return R::Reject;
+      f.esc = c == 'u' ? 5 : 0;
+      return R::Accept;
+    }
+    if (f.esc > 1) {
+      if (!is_hex(c)) return R::Reject;
+      f.esc = f.esc == 2 ? 0 : static_cast<uint8_t>(f.esc - 1);
+      return R::Accept;
+    }
+    if (c < f.u8lo || c > f.u8hi) return R::Reject;
+    --f.utf8, f.u8lo = 0x80, f.u8hi = 0xBF;
+    return R::Accept;
+  }
   R ws(Frame& f, unsigned char c) const {
     if (!is_ws(c) || f.ws >= kMaxWs) return R::Reject;
     ++f.ws;
@@ -246,21 +263,7 @@ class Runner {
         return R::Reject;
       }
       case String: {
-        if (f.esc == 1) {
-          if (!std::strchr("\"\\/bfnrtu", c) || c == 0) return R::Reject;
-          f.esc = c == 'u' ? 5 : 0;
-          return R::Accept;
-        }
-        if (f.esc > 1) {
-          if (!is_hex(c)) return R::Reject;
-          f.esc = f.esc == 2 ? 0 : static_cast<uint8_t>(f.esc - 1);
-          return R::Accept;
-        }
-        if (f.utf8 > 0) {
-          if (c < f.u8lo || c > f.u8hi) return R::Reject;
-          --f.utf8, f.u8lo = 0x80, f.u8hi = 0xBF;
-          return R::Accept;
-        }
+        if (f.esc || f.utf8) return pending(f, c);
         if (c == '"') {
           if (f.count < n.min_len) return R::Reject;
           done(s);
@@ -364,21 +367,7 @@ class Runner {
       case O_KEY: {
         if (n.any_keys) {
           // a free key: a string without limits
-          if (f.esc == 1) {
-            if (!std::strchr("\"\\/bfnrtu", c) || c == 0) return R::Reject;
-            f.esc = c == 'u' ? 5 : 0;
-            return R::Accept;
-          }
-          if (f.esc > 1) {
-            if (!is_hex(c)) return R::Reject;
-            f.esc = f.esc == 2 ? 0 : static_cast<uint8_t>(f.esc - 1);
-            return R::Accept;
-          }
-          if (f.utf8 > 0) {
-            if (c < f.u8lo || c > f.u8hi) return R::Reject;
-            --f.utf8, f.u8lo = 0x80, f.u8hi = 0xBF;
-            return R::Accept;
-          }
+          if (f.esc || f.utf8) return pending(f, c);
           if (c == '"') {
             f.phase = O_COLON, f.prop = -1, f.ws = 0;
             return R::Accept;
