@@ -1,6 +1,7 @@
 // qkv chat-template: the prompt a chat becomes under a model's chat template (qkv/chat_template.h),
 // the text that qkv serve's /v1/chat/completions feeds the model.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -52,6 +53,7 @@ Runner add_chat_template(CLI::App& app) {
     check(o->messages.empty() != o->contexts.empty(), "chat-template: give --messages FILE or --contexts FILE (one)");
     ChatTemplateSource src;
     if (!o->model.empty()) {
+      check(std::filesystem::exists(o->model), "chat-template: --model ", o->model, ": no such file or directory");
       check(find_chat_template(o->model, &src), "chat-template: ", o->model,
             " has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json); give --template");
     } else {

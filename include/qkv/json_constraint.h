@@ -10,7 +10,7 @@
 // annotations (description, title, default, examples, $schema, format) are ignored. Anything else
 // (anyOf, oneOf, pattern, minimum, ...) is a qkv::Error naming the keyword and where it is. The
 // output has no whitespace between tokens but single spaces or newlines (at most two in a row);
-// strings hold no control characters; numbers at most 15 integer and 15 fraction digits; nesting
+// strings hold no control characters; numbers at most 15 integer and 15 fraction digits and 2 exponent digits; nesting
 // at most 12 deep.
 #pragma once
 #include <cstdint>

@@ -23,7 +23,7 @@ enum : uint8_t { kObj = 1, kArr = 2, kStr = 4, kNum = 8, kInt = 16, kBool = 32, 
 constexpr int kMaxFrames = 26;  // the root, then at most 12 nested containers with their values
 constexpr int kMaxWs = 2;       // whitespace characters in a row
 constexpr int kMaxDigits = 15;
-constexpr int kMaxExpDigits = 3;
+constexpr int kMaxExpDigits = 2;  // exponents up to 99: no number overflows a double
 
 struct SNode {
   uint8_t types = kAll;
