@@ -2,7 +2,8 @@
 //   node tests/openai_client.mjs NODE_MODULES_DIR BASE_URL API_KEY
 // models.list and models.retrieve (and an unknown id's NotFoundError), a greedy completion and
 // the same completion streamed (its deltas make the same text; with stream_options.include_usage
-// its usage), chat.completions.create plain, streamed and with logprobs, a bad request's BadRequestError,
+// its usage), chat.completions.create plain, streamed and with logprobs, embeddings.create, a bad
+// request's BadRequestError,
 // and a wrong key's AuthenticationError. Prints one PASS/FAIL line a check; exits 1 on a failure.
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -76,6 +77,16 @@ const scored = await client.chat.completions.create({ ...talk, logprobs: true, t
 const lps = scored.choices[0].logprobs?.content ?? [];
 check(lps.length === scored.usage.completion_tokens && lps.every(t => typeof t.logprob === "number" &&
       Array.isArray(t.bytes) && t.top_logprobs.length === 2), "chat logprobs with top_logprobs", lps.slice(0, 1));
+
+// embeddings: the client asks for base64 by default and decodes it; the vectors equal the float answer
+const emb = await client.embeddings.create({ model: id, input: ["And God said", "let there be light"] });
+const plain = await fetch(`${baseURL}/embeddings`, {
+  method: "POST", headers: { "Content-Type": "application/json", Authorization: `Bearer ${apiKey}` },
+  body: JSON.stringify({ input: ["And God said", "let there be light"], encoding_format: "float" }),
+}).then(r => r.json());
+check(emb.data.length === 2 && emb.data.every((d, i) => d.index === i && d.embedding.length === plain.data[i].embedding.length &&
+      d.embedding.every((v, k) => Math.fround(v) === Math.fround(plain.data[i].embedding[k]))) && emb.usage.prompt_tokens > 0,
+      "embeddings.create (base64 on the wire): the float vectors", { n: emb.data.length });
 
 try {
   await client.completions.create({ ...ask, max_tokens: -1 });
