@@ -31,6 +31,7 @@ if [ "$what" = all ]; then
     python3-numpy python3-torch # the PyTorch parity test (Debian's torch 1.13)
     python3-sentencepiece       # the Hugging Face tokenizer parity test (SentencePiece's own encoding)
     python3-jinja2              # the chat template parity test (Jinja2 itself)
+    python3-jsonschema          # structured output's answers validated (tests/serve_test.py)
     libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
     chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)
     clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
