@@ -941,25 +941,28 @@ class Server {
     const auto all_ended = [choices] {
       return std::all_of(choices->begin(), choices->end(), [](const ChoiceText& t) { return t.ended; });
     };
+    // echo with logprobs: each prompt's tokens with their scores, the first null (nothing
+    // precedes it); a choice's logprobs start with its prompt's
+    std::vector<Json> prompt_lp;
+    for (size_t k = 0; k < scores.size(); ++k) {
+      Json l = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}};
+      for (size_t t = 0; t < p->prompts[k].size(); ++t) {
+        l["tokens"].push_back(token_text(p->prompts[k][t]));
+        if (t == 0) {
+          l["token_logprobs"].push_back(nullptr);
+          l["top_logprobs"].push_back(nullptr);
+          continue;
+        }
+        l["token_logprobs"].push_back(scores[k].logprob[t]);
+        Json top = Json::object();
+        for (const auto& [id, v] : scores[k].top[t]) top[token_text(id)] = v;
+        l["top_logprobs"].push_back(top);
+      }
+      prompt_lp.push_back(std::move(l));
+    }
     if (!p->stream) {
       std::vector<Json> lp(static_cast<size_t>(N), Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}});
-      for (int64_t i = 0; i < N && !scores.empty(); ++i) {
-        // the prompt's tokens first: the first has no log-probability (nothing precedes it)
-        const auto k = static_cast<size_t>(i / n);
-        Json& l = lp[static_cast<size_t>(i)];
-        for (size_t t = 0; t < p->prompts[k].size(); ++t) {
-          l["tokens"].push_back(token_text(p->prompts[k][t]));
-          if (t == 0) {
-            l["token_logprobs"].push_back(nullptr);
-            l["top_logprobs"].push_back(nullptr);
-            continue;
-          }
-          l["token_logprobs"].push_back(scores[k].logprob[t]);
-          Json top = Json::object();
-          for (const auto& [id, v] : scores[k].top[t]) top[token_text(id)] = v;
-          l["top_logprobs"].push_back(top);
-        }
-      }
+      for (int64_t i = 0; i < N && !prompt_lp.empty(); ++i) lp[static_cast<size_t>(i)] = prompt_lp[static_cast<size_t>(i / n)];
       std::vector<Json> chat_lp(static_cast<size_t>(N), Json::array());
       while (!all_ended()) {
         {
@@ -1011,28 +1014,15 @@ class Server {
     // streaming: server-sent events, one chunk per settled piece of text, then [DONE]
     // on this worker thread, after the handler returns; the Completion ends as the stream does
     res.content_type = "text/event-stream";
-    // echo with logprobs: the prompt's chunk carries its tokens' scores (the first null) and offsets
-    std::vector<Json> echo_lp;
-    for (size_t k = 0; k < scores.size(); ++k) {
-      Json l = {{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()},
-                {"text_offset", Json::array()}};
+    // streamed, the prompt's chunk carries its scores and where each token starts
+    std::vector<Json> echo_lp = prompt_lp;
+    for (Json& l : echo_lp) {
       int64_t at = 0;
-      for (size_t t = 0; t < p->prompts[k].size(); ++t) {
-        const std::string text = token_text(p->prompts[k][t]);
-        l["tokens"].push_back(text);
+      l["text_offset"] = Json::array();
+      for (const Json& t : l["tokens"]) {
         l["text_offset"].push_back(at);
-        at += utf8_length(text);
-        if (t == 0) {
-          l["token_logprobs"].push_back(nullptr);
-          l["top_logprobs"].push_back(nullptr);
-          continue;
-        }
-        l["token_logprobs"].push_back(scores[k].logprob[t]);
-        Json top = Json::object();
-        for (const auto& [id, v] : scores[k].top[t]) top[token_text(id)] = v;
-        l["top_logprobs"].push_back(top);
+        at += utf8_length(t.get<std::string>());
       }
-      echo_lp.push_back(std::move(l));
     }
     res.stream = [this, p, c, choices, bases, cid, created, all_ended, n, N, echo_lp](http::ChunkSink& sink) {
           struct End {
