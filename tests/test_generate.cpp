@@ -762,6 +762,80 @@ TEST(DecodeSlots, JoinAndLeaveBetweenStepsEqualsGenerateAlone) {
   }
 }
 
+// Prompt reuse: prompts run in chunks at fixed positions, so a prompt that starts with a cached
+// prefix of whole chunks gives bitwise the logits (and steps) of a run without the cache.
+TEST(DecodeSlots, PromptCacheReusesWholeChunksAndChangesNoBit) {
+  const int64_t C = 4;
+  for (const DecoderCase& dc : decoder_cases()) {
+    SCOPED_TRACE(dc.name);
+    const Model m = make(dc.config);
+    const int64_t V = dc.config.vocab_size;
+    const std::vector<int32_t> a = {4, 9, 7, 12, 5, 6, 11, 3, 8, 10, 2};  // 11 tokens: 8 cached
+    std::vector<int32_t> b = a;                                          // a growing chat: 17
+    b.insert(b.end(), {7, 7, 13, 4, 20, 9});
+    std::vector<int32_t> c(a.begin(), a.begin() + 5);  // shares 5 tokens: one chunk reused
+    c.insert(c.end(), {14, 15, 16});
+    const std::vector<int32_t> d(a.begin(), a.begin() + 8);  // all cached: its last chunk still runs
+    struct Case {
+      std::vector<int32_t> prompt;
+      int64_t reused;
+    };
+    const std::vector<Case> cases = {{a, 0}, {b, 8}, {c, 4}, {d, 4}, {a, 8}, {{5}, 0}};
+    // each request: its first logits and 5 greedy steps, with the cache and without
+    const auto run = [&](DecodeSlots& ds, const std::vector<int32_t>& p, bool reuse, int64_t* reused) {
+      std::vector<float> z;
+      const int64_t s = ds.add(p, &z, reuse, reused);
+      std::vector<std::vector<float>> seen = {z};
+      for (int i = 0; i < 5; ++i) {
+        const auto t = static_cast<int32_t>(std::max_element(z.begin(), z.end()) - z.begin());
+        z = ds.step({{s, t}});
+        seen.push_back(z);
+      }
+      ds.remove(s);
+      return seen;
+    };
+    DecodeSlots cached(m, 2, 32, {C, 1 << 20}), fresh(m, 2, 32, {C, 0});
+    for (size_t i = 0; i < cases.size(); ++i) {
+      SCOPED_TRACE("request " + std::to_string(i));
+      int64_t reused = -1, none = -1;
+      const auto with = run(cached, cases[i].prompt, true, &reused);
+      const auto without = run(fresh, cases[i].prompt, true, &none);
+      EXPECT_EQ(reused, cases[i].reused);
+      EXPECT_EQ(none, 0);
+      EXPECT_EQ(with, without);  // bitwise
+    }
+    // kept: a's 8 tokens grew into b's 16 (one entry), c's 8 (its own), d's and the 1-token prompt
+    // nothing new
+    DecodeSlots::CacheStats st = cached.prompt_cache();
+    const int64_t per_token = st.bytes / st.tokens;
+    EXPECT_EQ(st.entries, 2);
+    EXPECT_EQ(st.tokens, 16 + 8);
+    int64_t G = dc.config.kv_heads(), Dk = dc.config.head_dim_k(), Dv = dc.config.head_dim_v();
+    EXPECT_EQ(per_token, dc.config.n_layers * G * (Dk + Dv) * 4);
+    // reuse = false neither reads nor keeps
+    int64_t reused = -1;
+    run(cached, b, false, &reused);
+    EXPECT_EQ(reused, 0);
+    EXPECT_EQ(cached.prompt_cache().tokens, st.tokens);
+    // chunked prompts stay within float32 rounding of one pass (and give generate's tokens)
+    DecodeSlots one_pass(m, 1, 32, {0, 0});
+    std::vector<float> z1, z2;
+    one_pass.add(b, &z1);
+    fresh.add(b, &z2);
+    for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(z1[v], z2[v], 1e-4f * (1 + std::fabs(z1[v])));
+    // a budget of 12 tokens: a's 8 are kept; b's 16 are more than the whole budget, not kept
+    DecodeSlots small(m, 1, 32, {C, 12 * per_token});
+    run(small, a, true, &reused);
+    run(small, b, true, &reused);
+    EXPECT_EQ(reused, 8);
+    EXPECT_EQ(small.prompt_cache().tokens, 8);
+    run(small, c, true, &reused);  // a's 8 are the least recently used: out, c's 8 in
+    EXPECT_EQ(small.prompt_cache().entries, 1);
+    run(small, b, true, &reused);
+    EXPECT_EQ(reused, 4);  // c's first chunk is a's
+  }
+}
+
 TEST(DecodeSlots, MisuseGivesClearErrors) {
   const Model m = make(decoder_config(Positional::Learned));
   DecodeSlots slots(m, 2, 8);
@@ -778,6 +852,9 @@ TEST(DecodeSlots, MisuseGivesClearErrors) {
   EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 65); }).find("learned positions"), std::string::npos);
   EXPECT_NE(error_of([&] { DecodeSlots(m, 65, 8); }).find("1 .. 64"), std::string::npos);
   EXPECT_NE(error_of([&] { DecodeSlots(make(encdec_config()), 2, 8); }).find("decoder-only"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 8, {-1, 0}); }).find("prompt_chunk -1"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 8, {0, 1024}); }).find("needs prompts in chunks"), std::string::npos);
+  EXPECT_NE(error_of([&] { DecodeSlots(m, 2, 8, {4, -1}); }).find("prompt_cache_bytes -1"), std::string::npos);
 }
 
 // A Hugging Face model pads its embedding table past its tokenizer: the rows past vocab_limit

@@ -42,13 +42,21 @@ struct Collector {
   std::condition_variable cv;
   std::vector<std::vector<int32_t>> tokens;
   std::vector<std::string> finish;
+  std::vector<std::vector<double>> logprobs;  // per choice, per token (with top_logprobs > 0)
+  std::vector<int64_t> cached;                // per choice: the first event's prompt_cached
   int64_t ended = 0, n;
   int64_t stop_after = -1;  // > 0: the sink says stop after this many tokens of choice 0
-  explicit Collector(int64_t choices) : tokens(static_cast<size_t>(choices)), finish(static_cast<size_t>(choices)), n(choices) {}
+  explicit Collector(int64_t choices)
+      : tokens(static_cast<size_t>(choices)), finish(static_cast<size_t>(choices)),
+        logprobs(static_cast<size_t>(choices)), cached(static_cast<size_t>(choices), -1), n(choices) {}
   TokenSink sink() {
     return [this](const TokenEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
-      if (e.token >= 0) tokens[e.choice].push_back(e.token);
+      if (e.token >= 0) {
+        if (tokens[e.choice].empty()) cached[e.choice] = e.prompt_cached;
+        tokens[e.choice].push_back(e.token);
+        logprobs[e.choice].push_back(e.logprob);
+      }
       const bool stop = stop_after > 0 && static_cast<int64_t>(tokens[e.choice].size()) >= stop_after;
       if (e.last || stop) {
         finish[e.choice] = e.last ? e.finish : "stopped by the sink";
@@ -98,6 +106,65 @@ TEST(Scheduler, ConcurrentRequestsEqualEachAlone) {
   }
   EXPECT_GT(s.steps(), 0);
   EXPECT_EQ(s.decoding(), 0);
+}
+
+// A prompt cache changes what runs, never what comes out: the same requests through a scheduler
+// with one and without give bitwise the same tokens and log-probabilities; the first token's
+// event says how many prompt tokens came from the cache.
+TEST(Scheduler, PromptCacheReusesPrefixesAndChangesNoResult) {
+  const Model m = decoder();
+  const std::vector<int32_t> system = {4, 9, 7, 12, 5, 6, 11, 3, 8, 10};  // a shared "system prompt"
+  std::vector<std::vector<int32_t>> prompts;
+  for (int32_t q : {2, 13, 17}) {
+    std::vector<int32_t> p = system;
+    p.insert(p.end(), {q, q, 5});
+    prompts.push_back(p);
+  }
+  std::vector<int32_t> chat = prompts[0];  // a growing chat: the first prompt, an answer, more
+  chat.insert(chat.end(), {20, 21, 22, 23, 24, 25});
+  prompts.push_back(chat);
+  const auto run = [&](int64_t cache_bytes, bool cache_prompt) {
+    Scheduler s(m, {.slots = 2, .max_len = 48, .max_queue = 8, .prompt_chunk = 4, .prompt_cache_bytes = cache_bytes});
+    std::vector<std::unique_ptr<Collector>> got;
+    for (size_t i = 0; i < prompts.size(); ++i) {  // one after another: each finds the ones before
+      got.push_back(std::make_unique<Collector>(2));
+      CompletionRequest r;
+      r.prompt = prompts[i];
+      r.max_tokens = 6;
+      r.n = 2;
+      r.top_logprobs = 1;
+      r.cache_prompt = cache_prompt;
+      r.sampling.greedy = i % 2 == 0;
+      r.sampling.seed = 7 + i;
+      s.submit(r, got.back()->sink());
+      got.back()->wait();
+    }
+    return std::make_pair(std::move(got), s.prompt_stats());
+  };
+  const auto [with, stats] = run(1 << 20, true);
+  const auto [without, none] = run(0, true);
+  const auto [refused, unused] = run(1 << 20, false);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(with[i]->tokens, without[i]->tokens) << "request " << i;
+    EXPECT_EQ(with[i]->logprobs, without[i]->logprobs) << "request " << i;  // bitwise
+    EXPECT_EQ(refused[i]->tokens, without[i]->tokens) << "request " << i;
+    EXPECT_EQ(without[i]->cached, std::vector<int64_t>(2, 0));
+    EXPECT_EQ(refused[i]->cached, std::vector<int64_t>(2, 0));
+  }
+  // request 0: nothing cached; its second choice finds the first's 12 tokens (13 in the prompt,
+  // the last chunk still runs: 12 = 3 chunks of 4); the others share 10 tokens: 8
+  EXPECT_EQ(with[0]->cached, (std::vector<int64_t>{0, 12}));
+  EXPECT_EQ(with[1]->cached, (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(with[3]->cached, (std::vector<int64_t>{12, 16}));  // the chat: request 0's 12, then its own 16
+  int64_t reused = 0, total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    for (int64_t c : with[i]->cached) reused += c;
+  for (const auto& p : prompts) total += 2 * static_cast<int64_t>(p.size());
+  EXPECT_EQ(stats.reused_tokens, reused);
+  EXPECT_EQ(stats.prompt_tokens, total);
+  EXPECT_GT(stats.cache.tokens, 0);
+  EXPECT_EQ(none.reused_tokens, 0);
+  EXPECT_EQ(unused.cache.entries, 0);
 }
 
 TEST(Scheduler, EosStopsAChoiceAndASinkCanStopIt) {

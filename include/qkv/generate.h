@@ -127,10 +127,28 @@ std::vector<double> log_softmax_row(const float* logits, int64_t V);
 // sequence's results do not depend on what shares the batch: the steps' products are
 // batch-invariant (qkv::BatchInvariantGemm), and attention and norms work row by row. One thread
 // uses an object at a time.
+//
+// Prompts run in chunks of `prompt_chunk` tokens that start at multiples of it (positions 0 ..
+// C-1, C .. 2C-1, ...; the last chunk may be shorter), so a chunk's keys and values depend only on
+// the tokens up to its end. That makes prompt reuse exact: with a prompt cache, the keys and
+// values of each prompt's whole chunks are kept (least recently used first out, within
+// `prompt_cache_bytes`), and a later prompt that starts with the same tokens copies the longest
+// such prefix instead of recomputing it; everything after it runs the same chunks a fresh run
+// would, so the logits are bitwise those of a run without the cache. (A prefix's keys and values
+// from decoding steps are never reused: steps compute them with other products than prompts.)
+//
+// The price: a chunk's products pack the weights again (and dequantise quantised ones), so
+// chunks of 128 tokens run a 1,024-token prompt 1.3x (float32) to 1.6x (Q4_0) slower than one
+// pass (BENCHMARKS.md). Without a prompt cache, prompt_chunk 0 runs each prompt in one pass.
+struct DecodeSlotsOptions {
+  int64_t prompt_chunk = 0;        // prompt tokens run together (1 .. 65536); 0: the whole prompt
+  int64_t prompt_cache_bytes = 0;  // keys and values of past prompts kept for reuse (needs chunks); 0: none
+};
+
 class DecodeSlots {
  public:
   // slots 1 .. 64; max_len: the longest sequence (prompt + generated) a slot holds.
-  DecodeSlots(const Model& model, int64_t slots, int64_t max_len);
+  DecodeSlots(const Model& model, int64_t slots, int64_t max_len, const DecodeSlotsOptions& options = {});
   ~DecodeSlots();
   DecodeSlots(const DecodeSlots&) = delete;
   DecodeSlots& operator=(const DecodeSlots&) = delete;
@@ -142,15 +160,24 @@ class DecodeSlots {
   int64_t length(int64_t slot) const;
 
   // Runs `prompt` (non-empty, ids in the vocabulary, at most max_len) into a free slot and
-  // returns it; *logits <- the logits (V) of the token after the prompt. Throws qkv::Error when
-  // no slot is free.
-  int64_t add(const std::vector<int32_t>& prompt, std::vector<float>* logits);
+  // returns it; *logits <- the logits (V) of the token after the prompt. With `reuse` the prompt
+  // cache is read (the longest cached prefix of whole chunks, leaving at least the last token to
+  // run) and then keeps this prompt's whole chunks; *reused <- the prompt tokens not recomputed.
+  // Throws qkv::Error when no slot is free.
+  int64_t add(const std::vector<int32_t>& prompt, std::vector<float>* logits, bool reuse = true,
+              int64_t* reused = nullptr);
   // One token for each busy slot, (slot, token) for every busy slot exactly once, the token
   // appended at the slot's next position. Returns the next-token logits, one row of V per entry of
   // `feed`, in its order.
   std::vector<float> step(const std::vector<std::pair<int64_t, int32_t>>& feed);
   // Frees the slot.
   void remove(int64_t slot);
+
+  // The prompt cache: prefixes kept, their tokens and bytes.
+  struct CacheStats {
+    int64_t entries = 0, tokens = 0, bytes = 0;
+  };
+  CacheStats prompt_cache() const;
 
  private:
   struct Impl;

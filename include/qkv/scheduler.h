@@ -35,6 +35,8 @@ struct SchedulerOptions {
   int64_t slots = 8;        // sequences decoded together (a request's choices each take one)
   int64_t max_len = 512;    // prompt + generated tokens of one sequence at most
   int64_t max_queue = 64;   // requests (and jobs) waiting at most; beyond it submit() refuses
+  int64_t prompt_chunk = 0;        // prompt tokens run together (DecodeSlotsOptions; 0: one pass)
+  int64_t prompt_cache_bytes = 0;  // past prompts' keys and values kept for reuse (0: none)
 };
 
 // Constrained decoding (structured output): which tokens may come next. Each choice decodes with
@@ -61,6 +63,8 @@ struct CompletionRequest {
   int64_t n = 1;                // choices (each its own sequence)
   int64_t top_logprobs = 0;     // the k most probable tokens per step, with their log-probabilities
   int64_t eos_id = -1;          // a choice ends after this token (-1: never)
+  bool cache_prompt = true;     // reuse a cached prefix of the prompt and keep this one (when the
+                                // scheduler has a prompt cache); the results are the same either way
 };
 
 // One generated token of one choice, or the end of a choice.
@@ -72,6 +76,7 @@ struct TokenEvent {
   bool last = false;      // the choice ends here
   std::string finish;     // with last: "stop" (eos), "length" (max_tokens or max_len), "cancelled",
                           // or "error: <message>"
+  int64_t prompt_cached = 0;  // on a choice's first token: prompt tokens taken from the prompt cache
 };
 
 // Called on the scheduler thread for every event; return false to end this choice now (its slot
@@ -117,6 +122,12 @@ class Scheduler {
   int64_t waiting() const;
   int64_t decoding() const;
   int64_t steps() const;
+  // The prompt cache as of the last request admitted, and the prompt tokens reused and run so far.
+  struct PromptStats {
+    DecodeSlots::CacheStats cache;
+    int64_t reused_tokens = 0, prompt_tokens = 0;
+  };
+  PromptStats prompt_stats() const;
 
  private:
   struct Choice;
@@ -135,6 +146,7 @@ class Scheduler {
   std::deque<std::function<void(const Model&)>> jobs_;
   std::vector<std::unique_ptr<Choice>> active_;  // owned by the scheduler thread
   int64_t active_count_ = 0, steps_ = 0;
+  PromptStats prompt_stats_;
   bool stopping_ = false, draining_ = false, busy_ = false;
   std::thread thread_;
 };

@@ -74,8 +74,10 @@ class Session {
   // Either every pos[b] is equal or Tn == 1 (nn::Step); without the cache, every pos[b] is 0.
   // Returns the logits (B, V) of token last[b] of each row.
   // `rows` < B: only the cache's first `rows` rows run (DecodeSlots keeps its busy rows there).
+  // head = false: the stack only (a prompt chunk whose logits nobody reads); returns the hidden
+  // states of the `last` tokens.
   Tensor run(const std::vector<int64_t>& ids, int64_t Tn, const std::vector<int64_t>& pos,
-             const std::vector<int64_t>& last, int64_t rows = -1) {
+             const std::vector<int64_t>& last, int64_t rows = -1, bool head = true) {
     const int64_t R = rows < 0 ? B_ : rows;
     check(R >= 1 && R <= B_ && static_cast<int64_t>(pos.size()) == R, name_, ": internal: ", R, " rows of ", B_);
     nn::Step step{pos, Tn};
@@ -88,7 +90,7 @@ class Session {
     std::copy(ids.begin(), ids.end(), idt.data<int64_t>());
     nn::Context c{tape_, false, 0.0f, 0, 0, cached_ ? &step : nullptr};
     Model::Impl::Pass p{.ids = idt, .lengths = src_lengths_, .memory = memory_, .caches = cached_ ? &caches_ : nullptr,
-                        .last = &last};
+                        .last = &last, .hidden = !head};
     Tensor logits = m_.forward(c, p)->value;
     collect_capture(pos, Tn);
     return logits;
@@ -109,6 +111,21 @@ class Session {
 
   std::vector<CaptureRows>& captured() { return captured_; }
 
+  // Floats of keys and values per position, over all layers.
+  int64_t floats_per_position() const {
+    int64_t n = 0;
+    for (const nn::LayerCache& lc : caches_) n += lc.self.k.size(1) * (lc.self.k.size(3) + lc.self.v.size(3));
+    return n;
+  }
+
+  // Positions 0 .. n - 1 of row `row`'s self-attention caches to or from `buf`, which holds
+  // `stride` >= n positions (per layer: keys then values, per head, `stride` positions each; so
+  // save_prefix(r, n, n, buf) writes n * floats_per_position() floats).
+  void save_prefix(int64_t row, int64_t n, int64_t stride, float* buf) const { move_prefix(row, n, stride, buf, true); }
+  void load_prefix(int64_t row, int64_t n, int64_t stride, const float* buf) {
+    move_prefix(row, n, stride, const_cast<float*>(buf), false);  // only read when loading
+  }
+
   // Row `to` of this session's self-attention caches <- row `from` of `other`'s, positions
   // 0 .. filled - 1 (a prompt run alone, moved into a slot).
   void copy_row_from(const Session& other, int64_t from, int64_t to, int64_t filled) {
@@ -126,6 +143,22 @@ class Session {
   }
 
  private:
+  void move_prefix(int64_t row, int64_t n, int64_t stride, float* buf, bool out) const {
+    check(n <= Tmax_ && n <= stride, name_, ": internal: a prefix of ", n, " positions (", stride, " kept) in a cache of ",
+          Tmax_);
+    for (const nn::LayerCache& lc : caches_)
+      for (const Tensor* t : {&lc.self.k, &lc.self.v}) {
+        const int64_t G = t->size(1), D = t->size(3);
+        float* base = t->data<float>();  // a handle: const here is the session's, not the buffer's
+        for (int64_t g = 0; g < G; ++g) {
+          float* at = base + ((row * G + g) * Tmax_) * D;
+          if (out) std::copy(at, at + n * D, buf);
+          else std::copy(buf, buf + n * D, at);
+          buf += stride * D;
+        }
+      }
+  }
+
   // The captured head's weights of this step, appended per row: decoder-only, one row per fed
   // position (over keys 0 .. that position); encoder-decoder, the last fed token's row over the
   // source.
@@ -541,24 +574,94 @@ std::vector<double> log_softmax_row(const float* logits, int64_t V) { return log
 // batch-invariantly (qkv::BatchInvariantGemm), so a sequence's logits are bitwise the same
 // whichever rows run beside it.
 struct DecodeSlots::Impl {
+  // A past prompt's whole chunks: its tokens and their keys and values (Session::save_prefix).
+  struct Cached {
+    std::vector<int32_t> tokens;
+    std::vector<float> kv;
+    uint64_t used = 0;  // the clock when last read or written
+  };
   const Model& model;
+  DecodeSlotsOptions opt;
   Session batch;
   std::vector<int64_t> len;    // per slot: tokens in its cache, 0 when free
   std::vector<int64_t> row;    // per slot: its cache row, -1 when free
   std::vector<int64_t> owner;  // per busy row: its slot
-  Impl(const Model& m, int64_t slots, int64_t max_len)
-      : model(m), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0),
-        row(static_cast<size_t>(slots), -1) {}
+  std::vector<Cached> cache;   // the prompt cache
+  int64_t cache_bytes = 0, per_position = 0;
+  uint64_t clock = 0;
+  Impl(const Model& m, int64_t slots, int64_t max_len, const DecodeSlotsOptions& o)
+      : model(m), opt(o), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0),
+        row(static_cast<size_t>(slots), -1), per_position(batch.floats_per_position()) {}
+
+  int64_t bytes_of(int64_t positions) const { return positions * per_position * static_cast<int64_t>(sizeof(float)); }
+
+  // The longest cached prefix of `prompt` in whole chunks, leaving its last token to run:
+  // (entry, positions), or (-1, 0).
+  std::pair<int64_t, int64_t> lookup(const std::vector<int32_t>& prompt) const {
+    const auto P = static_cast<int64_t>(prompt.size());
+    const int64_t C = opt.prompt_chunk, most = (P - 1) / C * C;
+    std::pair<int64_t, int64_t> best{-1, 0};
+    for (size_t e = 0; e < cache.size(); ++e) {
+      const std::vector<int32_t>& t = cache[e].tokens;
+      const int64_t n = std::min<int64_t>(most, static_cast<int64_t>(t.size()));
+      int64_t same = 0;
+      while (same < n && t[static_cast<size_t>(same)] == prompt[static_cast<size_t>(same)]) ++same;
+      same = same / C * C;
+      if (same > best.second) best = {static_cast<int64_t>(e), same};
+    }
+    return best;
+  }
+
+  // Keeps the whole chunks of a prompt just run in row 0 of `one`: an entry it extends is
+  // replaced, one that already holds it is only marked used; the least recently used go first
+  // when the budget is passed (a prompt larger than the whole budget is not kept).
+  void keep(const std::vector<int32_t>& prompt, const Session& one) {
+    const int64_t n = static_cast<int64_t>(prompt.size()) / opt.prompt_chunk * opt.prompt_chunk;
+    if (n == 0 || bytes_of(n) > opt.prompt_cache_bytes) return;
+    ++clock;
+    for (size_t e = 0; e < cache.size(); ++e) {
+      Cached& c = cache[e];
+      const auto m = std::min<int64_t>(n, static_cast<int64_t>(c.tokens.size()));
+      if (!std::equal(c.tokens.begin(), c.tokens.begin() + m, prompt.begin())) continue;
+      if (static_cast<int64_t>(c.tokens.size()) >= n) {  // already held
+        c.used = clock;
+        return;
+      }
+      cache_bytes -= bytes_of(static_cast<int64_t>(c.tokens.size()));  // extended: replaced below
+      cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(e));
+      break;
+    }
+    while (!cache.empty() && cache_bytes + bytes_of(n) > opt.prompt_cache_bytes) {
+      const auto lru = std::min_element(cache.begin(), cache.end(),
+                                        [](const Cached& a, const Cached& b) { return a.used < b.used; });
+      cache_bytes -= bytes_of(static_cast<int64_t>(lru->tokens.size()));
+      cache.erase(lru);
+    }
+    Cached c;
+    c.tokens.assign(prompt.begin(), prompt.begin() + n);
+    c.kv.resize(static_cast<size_t>(n * per_position));
+    one.save_prefix(0, n, n, c.kv.data());
+    c.used = clock;
+    cache_bytes += bytes_of(n);
+    cache.push_back(std::move(c));
+  }
 };
 
-DecodeSlots::DecodeSlots(const Model& model, int64_t slots, int64_t max_len) : slots_(slots), max_len_(max_len) {
+DecodeSlots::DecodeSlots(const Model& model, int64_t slots, int64_t max_len, const DecodeSlotsOptions& options)
+    : slots_(slots), max_len_(max_len) {
   const ModelConfig& c = model.config();
   check(c.arch == Arch::Decoder, "DecodeSlots: the model is ", arch_name(c.arch), "; slots hold decoder-only models");
   check(slots >= 1 && slots <= 64, "DecodeSlots: slots ", slots, " (expected 1 .. 64: steps are batch-invariant up to 64 rows)");
   check(max_len >= 1, "DecodeSlots: max_len ", max_len, " (expected >= 1)");
   check(c.positional != Positional::Learned || max_len <= c.max_len, "DecodeSlots: max_len ", max_len,
         " exceeds the model's ", c.max_len, " learned positions");
-  impl_ = std::make_unique<Impl>(model, slots, max_len);
+  check(options.prompt_chunk >= 0 && options.prompt_chunk <= 65536, "DecodeSlots: prompt_chunk ",
+        options.prompt_chunk, " (expected 0 .. 65536; 0: each prompt in one pass)");
+  check(options.prompt_cache_bytes >= 0, "DecodeSlots: prompt_cache_bytes ", options.prompt_cache_bytes,
+        " (expected >= 0)");
+  check(options.prompt_cache_bytes == 0 || options.prompt_chunk >= 1,
+        "DecodeSlots: a prompt cache needs prompts in chunks (prompt_chunk >= 1): reuse is exact only at chunk edges");
+  impl_ = std::make_unique<Impl>(model, slots, max_len, options);
 }
 
 DecodeSlots::~DecodeSlots() = default;
@@ -570,7 +673,15 @@ int64_t DecodeSlots::length(int64_t slot) const {
   return impl_->len[static_cast<size_t>(slot)];
 }
 
-int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>* logits) {
+DecodeSlots::CacheStats DecodeSlots::prompt_cache() const {
+  CacheStats st;
+  st.entries = static_cast<int64_t>(impl_->cache.size());
+  for (const Impl::Cached& c : impl_->cache) st.tokens += static_cast<int64_t>(c.tokens.size());
+  st.bytes = impl_->cache_bytes;
+  return st;
+}
+
+int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>* logits, bool reuse, int64_t* reused) {
   const ModelConfig& c = impl_->model.config();
   check_ids("DecodeSlots", {prompt}, c.vocab_size, "prompt");
   const auto P = static_cast<int64_t>(prompt.size());
@@ -578,17 +689,38 @@ int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>*
   const auto it = std::find(impl_->row.begin(), impl_->row.end(), int64_t{-1});
   check(it != impl_->row.end(), "DecodeSlots: no free slot (", slots_, " busy)");
   const int64_t slot = it - impl_->row.begin();
-  // the prompt alone, then its keys and values into the next free row
+  const bool cached = reuse && impl_->opt.prompt_cache_bytes > 0;
+  // the prompt alone, chunk by chunk after what the cache holds, then its keys and values into
+  // the next free row
   Session one(impl_->model, 1, P, GenerateConfig{}, "DecodeSlots");
+  int64_t from = 0;
+  if (cached) {
+    const auto [entry, n] = impl_->lookup(prompt);
+    if (entry >= 0) {
+      Impl::Cached& e = impl_->cache[static_cast<size_t>(entry)];
+      one.load_prefix(0, n, static_cast<int64_t>(e.tokens.size()), e.kv.data());
+      e.used = ++impl_->clock;
+      from = n;
+    }
+  }
   const std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  const Tensor z = one.run(ids, P, {0}, {P - 1});
+  Tensor z;
+  const int64_t C = impl_->opt.prompt_chunk > 0 ? impl_->opt.prompt_chunk : P;
+  for (int64_t at = from; at < P;) {
+    const int64_t end = std::min(P, (at / C + 1) * C);
+    const std::vector<int64_t> chunk(ids.begin() + at, ids.begin() + end);
+    z = one.run(chunk, end - at, {at}, {end - at - 1}, -1, end == P);
+    at = end;
+  }
   check_finite_logits(z.data<float>(), c.vocab_size, "DecodeSlots", slot, 0);
+  if (cached) impl_->keep(prompt, one);
   const auto r = static_cast<int64_t>(impl_->owner.size());
   impl_->batch.copy_row_from(one, 0, r, P);
   impl_->owner.push_back(slot);
   impl_->row[static_cast<size_t>(slot)] = r;
   impl_->len[static_cast<size_t>(slot)] = P;
   if (logits) logits->assign(z.data<float>(), z.data<float>() + c.vocab_size);
+  if (reused) *reused = from;
   return slot;
 }
 

@@ -82,7 +82,8 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options) : mode
   if (c.arch == Arch::Decoder) {
     if (c.positional == Positional::Learned) opt_.max_len = std::min(opt_.max_len, c.max_len);
     check(opt_.max_len >= 2, "scheduler: max_len ", opt_.max_len, " (expected >= 2)");
-    slots_ = std::make_unique<DecodeSlots>(model, opt_.slots, opt_.max_len);
+    slots_ = std::make_unique<DecodeSlots>(model, opt_.slots, opt_.max_len,
+                                           DecodeSlotsOptions{opt_.prompt_chunk, opt_.prompt_cache_bytes});
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -152,6 +153,11 @@ int64_t Scheduler::steps() const {
   return steps_;
 }
 
+Scheduler::PromptStats Scheduler::prompt_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_stats_;
+}
+
 void Scheduler::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -209,9 +215,17 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       TokenEvent e;
       try {
         std::vector<float> z;
-        ch->slot = slots_->add(r.prompt, &z);
+        ch->slot = slots_->add(r.prompt, &z, r.cache_prompt, &e.prompt_cached);
+        {
+          std::lock_guard<std::mutex> stats(mu_);
+          prompt_stats_.cache = slots_->prompt_cache();
+          prompt_stats_.reused_tokens += e.prompt_cached;
+          prompt_stats_.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+        }
         const int32_t t = choose_constrained(z.data(), V, ch->history, r.sampling, ch->rng, r.prompt.size(), ch->constraint.get());
+        const int64_t cached = e.prompt_cached;
         e = event_for(z.data(), V, t, r.top_logprobs);
+        e.prompt_cached = cached;
       } catch (const Error& err) {
         if (ch->slot >= 0) slots_->remove(ch->slot);
         e.last = true;
