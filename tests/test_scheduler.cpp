@@ -167,6 +167,48 @@ TEST(Scheduler, PromptCacheReusesPrefixesAndChangesNoResult) {
   EXPECT_EQ(unused.cache.entries, 0);
 }
 
+// Slot reports say which request's choice each slot decodes; the latency histograms count every
+// request's first token and every later token of every choice.
+TEST(Scheduler, SlotReportsAndLatencies) {
+  const Model m = decoder();
+  Scheduler s(m, {.slots = 3, .max_len = 48, .max_queue = 8});
+  std::vector<SlotReport> seen;
+  Collector got(2);
+  const TokenSink inner = got.sink();
+  CompletionRequest r;
+  r.prompt = {4, 9, 7};
+  r.max_tokens = 6;
+  r.n = 2;
+  r.id = "cmpl-1";
+  int64_t tokens1 = 0;
+  s.submit(r, [&](const TokenEvent& e) {
+    if (e.choice == 1 && e.token >= 0 && ++tokens1 == 3) seen = s.slot_reports();  // mid-way
+    return inner(e);
+  });
+  got.wait();
+  s.drain();
+  ASSERT_EQ(seen.size(), 3u);
+  int64_t busy = 0;
+  for (const SlotReport& x : seen) {
+    if (!x.busy) continue;
+    ++busy;
+    EXPECT_EQ(x.request, "cmpl-1");
+    EXPECT_EQ(x.prompt_tokens, 3);
+    EXPECT_EQ(x.max_tokens, 6);
+    EXPECT_GE(x.generated, 1);
+    EXPECT_LE(x.generated, 6);
+  }
+  EXPECT_EQ(busy, 2);
+  for (const SlotReport& x : s.slot_reports()) EXPECT_FALSE(x.busy);
+  const auto [ttft, tpot] = s.latencies();
+  EXPECT_EQ(ttft.count, 1);            // one request
+  EXPECT_EQ(tpot.count, 2 * (6 - 1));  // every token after each choice's first
+  int64_t in_buckets = 0;
+  for (int64_t c : tpot.counts) in_buckets += c;
+  EXPECT_EQ(in_buckets, tpot.count);
+  EXPECT_GE(tpot.sum, 0.0);
+}
+
 TEST(Scheduler, EosStopsAChoiceAndASinkCanStopIt) {
   const Model m = decoder();
   Scheduler s(m, {.slots = 2, .max_len = 48, .max_queue = 8});

@@ -65,6 +65,7 @@ struct CompletionRequest {
   int64_t eos_id = -1;          // a choice ends after this token (-1: never)
   bool cache_prompt = true;     // reuse a cached prefix of the prompt and keep this one (when the
                                 // scheduler has a prompt cache); the results are the same either way
+  std::string id;               // shown in slot reports (a server's completion id)
 };
 
 // One generated token of one choice, or the end of a choice.
@@ -82,6 +83,25 @@ struct TokenEvent {
 // Called on the scheduler thread for every event; return false to end this choice now (its slot
 // is freed before the next step). It must be quick: hand the event to the request's own thread.
 using TokenSink = std::function<bool(const TokenEvent&)>;
+
+// What a decoding slot is doing (Scheduler::slot_reports).
+struct SlotReport {
+  int64_t slot = 0;
+  bool busy = false;
+  std::string request;  // CompletionRequest::id
+  int64_t choice = 0, prompt_tokens = 0, prompt_cached = 0, generated = 0, max_tokens = 0;
+};
+
+// Latencies seen so far, as Prometheus histograms: counts[i] observations <= bounds[i] (not
+// cumulative here), the last entry for those above every bound; sum in seconds.
+struct LatencyHistogram {
+  std::vector<double> bounds;
+  std::vector<int64_t> counts;  // bounds.size() + 1
+  double sum = 0;
+  int64_t count = 0;
+  explicit LatencyHistogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+  void add(double seconds);
+};
 
 // Refused because the queue is full (an HTTP server's 429).
 class QueueFull : public Error {
@@ -128,6 +148,11 @@ class Scheduler {
     int64_t reused_tokens = 0, prompt_tokens = 0;
   };
   PromptStats prompt_stats() const;
+  // Every slot: idle, or which request's choice it decodes and how far it is.
+  std::vector<SlotReport> slot_reports() const;
+  // Time to first token (from submit() to a request's first token) and time per output token
+  // (between a choice's successive tokens).
+  std::pair<LatencyHistogram, LatencyHistogram> latencies() const;
 
  private:
   struct Choice;
@@ -147,6 +172,9 @@ class Scheduler {
   std::vector<std::unique_ptr<Choice>> active_;  // owned by the scheduler thread
   int64_t active_count_ = 0, steps_ = 0;
   PromptStats prompt_stats_;
+  LatencyHistogram ttft_, tpot_;
+  void report_slots();  // refreshes reports_ (scheduler thread)
+  std::vector<SlotReport> reports_;
   bool stopping_ = false, draining_ = false, busy_ = false;
   std::thread thread_;
 };

@@ -4,14 +4,19 @@
 #include "qkv/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <numeric>
 
 namespace qkv {
 
+using Clock = std::chrono::steady_clock;
+
 struct Scheduler::Pending {
   CompletionRequest req;
   TokenSink sink;
+  Clock::time_point submitted = Clock::now();
+  bool answered = false;  // its first token went out (time to first token recorded)
 };
 
 struct Scheduler::Choice {
@@ -21,12 +26,26 @@ struct Scheduler::Choice {
   std::vector<int32_t> history;  // prompt + generated
   bool done = false;
   std::unique_ptr<TokenConstraint> constraint;  // this choice's copy of the request's, if any
+  int64_t prompt_cached = 0;
+  Clock::time_point last_token;
   Choice(std::shared_ptr<Pending> r, int64_t i) : req(std::move(r)), index(i), rng(req->req.sampling.seed + static_cast<uint64_t>(i)) {
     if (req->req.constraint) constraint = req->req.constraint->clone();
   }
 };
 
+void LatencyHistogram::add(double seconds) {
+  size_t i = 0;
+  while (i < bounds.size() && seconds > bounds[i]) ++i;
+  ++counts[i];
+  sum += seconds;
+  ++count;
+}
+
 namespace {
+
+// Prometheus-style buckets: time to first token up to a minute, per output token up to 10 s.
+const std::vector<double> kTtftBounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+const std::vector<double> kTpotBounds = {0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5, 10};
 
 // The token a choice picks from its row of logits: under its constraint (the disallowed tokens'
 // logits -infinity in a copy of the row) when it has one, which then hears the token.
@@ -75,7 +94,8 @@ TokenEvent event_for(const float* z, int64_t V, int32_t token, int64_t k) {
 
 }  // namespace
 
-Scheduler::Scheduler(const Model& model, const SchedulerOptions& options) : model_(model), opt_(options) {
+Scheduler::Scheduler(const Model& model, const SchedulerOptions& options)
+    : model_(model), opt_(options), ttft_(kTtftBounds), tpot_(kTpotBounds) {
   check(opt_.slots >= 1 && opt_.slots <= 4096, "scheduler: slots ", opt_.slots, " (expected 1 .. 4096)");
   check(opt_.max_queue >= 1, "scheduler: max_queue ", opt_.max_queue, " (expected >= 1)");
   const ModelConfig& c = model.config();
@@ -84,6 +104,8 @@ Scheduler::Scheduler(const Model& model, const SchedulerOptions& options) : mode
     check(opt_.max_len >= 2, "scheduler: max_len ", opt_.max_len, " (expected >= 2)");
     slots_ = std::make_unique<DecodeSlots>(model, opt_.slots, opt_.max_len,
                                            DecodeSlotsOptions{opt_.prompt_chunk, opt_.prompt_cache_bytes});
+    reports_.resize(static_cast<size_t>(opt_.slots));
+    for (int64_t i = 0; i < opt_.slots; ++i) reports_[static_cast<size_t>(i)].slot = i;
   }
   thread_ = std::thread([this] { loop(); });
 }
@@ -158,6 +180,35 @@ Scheduler::PromptStats Scheduler::prompt_stats() const {
   return prompt_stats_;
 }
 
+std::vector<SlotReport> Scheduler::slot_reports() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reports_;
+}
+
+std::pair<LatencyHistogram, LatencyHistogram> Scheduler::latencies() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {ttft_, tpot_};
+}
+
+void Scheduler::report_slots() {
+  std::vector<SlotReport> r(reports_.size());
+  for (size_t i = 0; i < r.size(); ++i) r[i].slot = static_cast<int64_t>(i);
+  for (const auto& ch : active_) {
+    if (ch->done || ch->slot < 0) continue;
+    SlotReport& s = r[static_cast<size_t>(ch->slot)];
+    const CompletionRequest& q = ch->req->req;
+    s.busy = true;
+    s.request = q.id;
+    s.choice = ch->index;
+    s.prompt_tokens = static_cast<int64_t>(q.prompt.size());
+    s.prompt_cached = ch->prompt_cached;
+    s.generated = ch->generated;
+    s.max_tokens = q.max_tokens;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  reports_ = std::move(r);
+}
+
 void Scheduler::loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -216,6 +267,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       try {
         std::vector<float> z;
         ch->slot = slots_->add(r.prompt, &z, r.cache_prompt, &e.prompt_cached);
+        ch->prompt_cached = e.prompt_cached;
         {
           std::lock_guard<std::mutex> stats(mu_);
           prompt_stats_.cache = slots_->prompt_cache();
@@ -233,6 +285,12 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       }
       e.choice = i;
       if (!e.last) {
+        ch->last_token = Clock::now();
+        if (!p->answered) {
+          p->answered = true;
+          std::lock_guard<std::mutex> stats(mu_);
+          ttft_.add(std::chrono::duration<double>(ch->last_token - p->submitted).count());
+        }
         ch->history.push_back(e.token);
         ch->generated = 1;
         if (e.token == r.eos_id) e.last = true, e.finish = "stop";
@@ -245,6 +303,7 @@ void Scheduler::admit(std::unique_lock<std::mutex>& lock) {
       }
       active_.push_back(std::move(ch));
     }
+    report_slots();
     lock.lock();
     active_count_ = static_cast<int64_t>(active_.size());
   }
@@ -278,6 +337,12 @@ void Scheduler::step_once() {
         e.finish = std::string("error: ") + err.what();
       }
       if (t >= 0) {
+        const Clock::time_point now = Clock::now();
+        {
+          std::lock_guard<std::mutex> stats(mu_);
+          tpot_.add(std::chrono::duration<double>(now - ch.last_token).count());
+        }
+        ch.last_token = now;
         e = event_for(row, V, t, r.top_logprobs);
         ch.history.push_back(t);
         ++ch.generated;
@@ -294,6 +359,7 @@ void Scheduler::step_once() {
   }
   active_.erase(std::remove_if(active_.begin(), active_.end(), [](const std::unique_ptr<Choice>& c) { return c->done; }),
                 active_.end());
+  report_slots();
   std::lock_guard<std::mutex> lock(mu_);
   active_count_ = static_cast<int64_t>(active_.size());
 }
