@@ -11,9 +11,7 @@ namespace qkv::cli {
 
 using tour::attend_steps;
 using tour::chapter_claims;
-using tour::example_from_json;
 using tour::ExampleInput;
-using tour::FieldError;
 using tour::fmt;
 
 // Both, as text.
