@@ -22,7 +22,7 @@ PACKAGES=(
   libsentencepiece-dev        # SentencePiece tokenizers (training and encoding)
   libpcre2-dev                # GPT-2's pre-tokenisation regex (Unicode classes)
   libicu-dev                  # Hugging Face tokenizers: Unicode properties, case, normalisation
-  libboost-dev                # qkv serve: Boost.Beast (HTTP/1.1) on Boost.Asio, header-only
+  libboost-dev                # the server (qkv serve): Boost.Beast (HTTP/1.1) on Boost.Asio, header-only
   trans-de-en                 # English-German sentence pairs (the Ding dictionary)
 )
 if [ "$what" = all ]; then

@@ -1,5 +1,6 @@
 // Shared by `qkv train`, `translate`, `generate`, `classify` and `eval`: reading a task's data
-// into token-id examples, and a progress line.
+// into token-id examples, and a progress line. Opening a model and the token ids each task reads
+// are the library's (models/model_dir.h, shared with the server), included here for them.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "models/model_dir.h"
 #include "qkv/data.h"
 #include "qkv/model.h"
 #include "qkv/task.h"
@@ -15,39 +17,8 @@
 
 namespace qkv::cli {
 
-// Model::load, and for a Hugging Face folder a note on standard error naming the tensors the
-// model does not use (as transformers warns: a BertForPreTraining checkpoint's next-sentence head
-// under a masked-LM model, say).
-// `dtype` is --dtype: "" loads the weights as stored, a type packs them as they load (LoadOptions),
-// with a note on standard error naming the matrices that fell back to bf16.
-Model load_model(const std::string& dir, const std::string& dtype = "");
-
 // True for a model directory: qkv's or a Hugging Face folder (a directory with config.json).
 bool is_model_dir(const std::string& path);
-
-// What a model directory does: its task.json, or for a Hugging Face folder (which has none) what
-// its architecture says (a decoder generates, an encoder-decoder translates, a sequence
-// classifier labels with config.json's id2label names, in id order).
-TaskInfo model_task_info(const std::string& dir);
-
-// The model's logits for one row of token ids, without a tape: (1, T, V) for a language or
-// masked-language model, (1, C) for a classifier.
-Tensor logits_of(const Model& model, const std::vector<int32_t>& ids);
-
-// A language model's prompt as the model reads it: a Hugging Face tokenizer's special tokens
-// (Llama's <s>); qkv's GPT-2 models learned text after <|endoftext|>; an empty prompt starts from
-// bos (or eos). Throws qkv::Error when the tokenizer has neither.
-std::vector<int32_t> prompt_ids(const Tokenizer& tok, std::string_view text);
-
-// A translation model's source as its encoder reads it: the tokenizer's own special tokens
-// around `ids` (Marian's </s>), or eos appended for qkv's tokenizers, which have none.
-std::vector<int32_t> source_ids(const Tokenizer& tok, std::vector<int32_t> ids);
-
-// A classifier's input: encode_input cut to max_len, and eos for a text with no tokens at all.
-std::vector<int32_t> classifier_ids(const Tokenizer& tok, std::string_view text, int64_t max_len);
-
-// The text of a generated sequence: its tokens up to the end-of-sequence token that ends it.
-std::string output_text(const Tokenizer& tok, std::vector<int32_t> tokens);
 
 // A task's raw records: translate (source, target), classify (label, text), lm (text lines).
 struct RawData {
@@ -117,10 +88,8 @@ class Progress {
 };
 
 // --dtype, on every command that runs a model: the weight type of its projection matrices
-// (qkv/quant.h), packed at load. The help text is shared; dtype_of names --dtype in its error
-// and gives nothing for "" (the weights as stored).
+// (qkv/quant.h), packed at load. The help text is shared; dtype_of (models/model_dir.h) reads it.
 extern const char* const kDtypeHelp;
-std::optional<WType> dtype_of(const std::string& dtype);
 // Packs a model made in memory (bench's presets) for --dtype.
 void pack_for_dtype(Model& m, const std::string& dtype);
 
