@@ -234,7 +234,8 @@ def metrics_checks(ck, qkv, lm):
     """--metrics: GET /metrics in Prometheus' text format; its counters move by what the requests
     in between did; without --metrics the route does not exist."""
     import re
-    sample = re.compile(r'^[a-z_]+(\{code="[0-9]{3}"\})? -?[0-9]+$')
+    sample = re.compile(r'^[a-z_]+(\{(route="[a-z0-9/{}._-]+",code="[0-9]{3}|le="[0-9.e+-]+|le="\+Inf)"\})? '
+                        r'-?[0-9.e+-]+$')
 
     def scrape(s):
         c = http.client.HTTPConnection(s.host, s.port, timeout=60)
@@ -250,7 +251,7 @@ def metrics_checks(ck, qkv, lm):
                 continue
             ok = ok and bool(sample.match(line))
             name, v = line.rsplit(" ", 1)
-            values[name] = int(v)
+            values[name] = float(v)
         return ok, values
 
     s = Server(qkv, lm, "--metrics", "--slots", "3")
@@ -264,9 +265,21 @@ def metrics_checks(ck, qkv, lm):
         ck.report(ok0 and ok1 and st == st2 == 200 and d("qkv_completions_total") == 2 and
                   d("qkv_prompt_tokens_total") == b["usage"]["prompt_tokens"] + 3 and
                   d("qkv_generated_tokens_total") == b["usage"]["completion_tokens"] + 4 and
-                  d('qkv_http_responses_total{code="400"}') == 1 and d('qkv_http_responses_total{code="200"}') >= 3 and
+                  d('qkv_http_responses_total{route="/v1/completions",code="400"}') == 1 and
+                  d('qkv_http_responses_total{route="/v1/completions",code="200"}') == 2 and
+                  d('qkv_http_responses_total{route="/metrics",code="200"}') == 1 and
                   m1["qkv_slots"] == 3 and m1["qkv_requests_waiting"] == 0,
-                  "/metrics: Prometheus text; counters move by the requests' usage and answers", (m0, m1))
+                  "/metrics: Prometheus text; counters move by the requests' usage and answers, by route", (m0, m1))
+        # histograms: a first token per request, every later token of every choice; buckets cumulative
+        ttft = [k for k in m1 if k.startswith("qkv_time_to_first_token_seconds_bucket")]
+        ck.report(d("qkv_time_to_first_token_seconds_count") == 2 and
+                  d("qkv_time_per_output_token_seconds_count") == (5 - 1) + (4 - 1) and
+                  m1['qkv_time_to_first_token_seconds_bucket{le="+Inf"}'] == m1["qkv_time_to_first_token_seconds_count"]
+                  and all(m1[a] <= m1[b] for a, b in zip(ttft, ttft[1:])) and
+                  m1["qkv_time_to_first_token_seconds_sum"] > 0,
+                  "/metrics: time to first token and per output token histograms count every token", m1)
+        ck.report(m1["qkv_prompt_cache_tokens"] >= 0 and "qkv_prompt_tokens_cached_total" in m1 and
+                  "qkv_prompt_cache_bytes" in m1, "/metrics: the prompt cache's gauges and counter", m1)
     finally:
         s.stop()
     s = Server(qkv, lm)
@@ -275,6 +288,84 @@ def metrics_checks(ck, qkv, lm):
         ck.report(st == 404, "without --metrics there is no /metrics", (st, b))
     finally:
         s.stop()
+
+
+def prompt_reuse_checks(ck, qkv, lm):
+    """Prompt reuse: a prompt that starts with an earlier one's whole chunks takes them from the
+    cache (usage.prompt_tokens_details.cached_tokens says how many), and every answer is bitwise
+    the one the same requests get without the cache; /slots; bad values refused."""
+    C = 8
+    rng = random.Random(5)
+    prefix = [rng.randrange(32, 120) for _ in range(37)]
+    prompts = [prefix + [rng.randrange(32, 120) for _ in range(5)], prefix + [rng.randrange(32, 120) for _ in range(9)]]
+    prompts.append(prompts[1] + [rng.randrange(32, 120) for _ in range(12)])  # a growing chat
+    prompts.append(prompts[0][:16])                                           # all cached: the last chunk runs
+    kept = []  # the cache's prefixes, as the server keeps them
+
+    def expect(p):
+        most = (len(p) - 1) // C * C
+        best = 0
+        for k in kept:
+            same = 0
+            while same < min(len(k), most) and k[same] == p[same]:
+                same += 1
+            best = max(best, same // C * C)
+        n = len(p) // C * C
+        if n and not any(k[:n] == p[:n] and len(k) >= n for k in kept):
+            kept[:] = [k for k in kept if k != p[:len(k)]] + [p[:n]]
+        return best
+
+    def body(p, cache, **kw):
+        return dict({"prompt": p, "max_tokens": 8, "temperature": 0, "logprobs": 3, "cache_prompt": cache}, **kw)
+
+    s = Server(qkv, lm, "--prompt-chunk", str(C), "--metrics")
+    try:
+        got, want = [], []
+        for p in prompts:
+            st, b = s.request("POST", "/v1/completions", body(p, False))
+            want.append((st, b["choices"], b["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        for p in prompts:
+            st, b = s.request("POST", "/v1/completions", body(p, True))
+            got.append((st, b["choices"], b["usage"]["prompt_tokens_details"]["cached_tokens"]))
+        expected = [expect(p) for p in prompts]
+        ck.report(all(g[0] == 200 and g[1] == w[1] for g, w in zip(got, want)),
+                  "prompt reuse: greedy answers with their logprobs are bitwise those without the cache",
+                  [(g[1][0]["text"], w[1][0]["text"]) for g, w in zip(got, want)])
+        ck.report([g[2] for g in got] == expected and expected[1] == 32 and all(w[2] == 0 for w in want),
+                  "prompt reuse: usage.prompt_tokens_details.cached_tokens is the cached prefix of whole chunks",
+                  ([g[2] for g in got], expected))
+        # sampled, n = 2, streamed: the same chunks either way
+        sb = dict(body(prompts[2], True), temperature=0.9, seed=11, n=2, stream_options={"include_usage": True})
+        st1, ev1 = s.stream(sb)
+        st2, ev2 = s.stream(dict(sb, cache_prompt=False))
+        text = lambda evs: ["".join(c["text"] for e in evs if e != "DONE" for c in e["choices"] if c["index"] == i)
+                            for i in range(2)]
+        usage1 = [e["usage"] for e in ev1 if e != "DONE" and e.get("usage")]
+        ck.report(st1 == st2 == 200 and text(ev1) == text(ev2) and usage1 and
+                  usage1[0]["prompt_tokens_details"]["cached_tokens"] == (len(prompts[2]) - 1) // C * C,
+                  "prompt reuse: sampled streamed choices equal, the stream's usage counts the cached tokens",
+                  (text(ev1), text(ev2), usage1))
+        st, b = s.request("POST", "/v1/completions", body(prompts[0], "yes"))
+        error_of(ck, "cache_prompt not a boolean", st, b, 400, "cache_prompt")
+        st, text = s.request("GET", "/metrics")
+        m = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+        reused = sum(expected) + 2 * ((len(prompts[2]) - 1) // C * C)  # the stream's two choices each
+        ck.report(st == 200 and int(m["qkv_prompt_tokens_cached_total"]) == reused and
+                  int(m["qkv_prompt_cache_tokens"]) == sum(len(k) for k in kept) and
+                  int(m["qkv_prompt_cache_bytes"]) > 0,
+                  "/metrics: prompt tokens reused and the cache's tokens", (m, reused, [len(k) for k in kept]))
+        st, slots = s.request("GET", "/slots")
+        ck.report(st == 200 and isinstance(slots, list) and len(slots) == 8 and
+                  all(x["is_processing"] is False and x["n_ctx"] == 96 for x in slots) and
+                  [x["id"] for x in slots] == list(range(8)),
+                  "/slots: every slot, idle after the requests, with the context", slots)
+    finally:
+        s.stop()
+    for bad in (["--prompt-chunk", "0"], ["--prompt-cache", "-1"], ["--prompt-cache", "nan"]):
+        p = subprocess.run([qkv, "serve", "--model", lm, "--port", "0"] + bad, capture_output=True, text=True,
+                           timeout=60)
+        ck.report(p.returncode != 0 and bad[0] in p.stderr, "qkv serve %s is refused naming the option" % " ".join(bad),
+                  p.stderr[-300:])
 
 
 def tiny_lm(qkv, work, steps=4):
@@ -1239,6 +1330,7 @@ def main():
     chat_checks(ck, qkv, lm, work)
     sentencepiece_checks(ck, qkv, work)
     metrics_checks(ck, qkv, lm)
+    prompt_reuse_checks(ck, qkv, lm)
     packed_checks(ck, qkv, lm)
     task_checks(ck, qkv, tr, cls, work)
     embedding_checks(ck, qkv, lm, tr)

@@ -82,6 +82,15 @@ void serve_options(CLI::App* c, ServerOptions* o) {
   c->add_option("--max-attention", o->max_attention,
                 "Attention weights one /v1/attention answer may hold (default 4194304)")
       ->transform(whole(1, int64_t{1} << 30));
+  c->add_option("--prompt-cache", o->prompt_cache_mib,
+                "MiB of past prompts' keys and values kept, so that a prompt starting with a kept prefix reuses "
+                "it with bitwise the same results (docs/serving.md, Prompt reuse). 0: none, and each prompt runs "
+                "in one pass (default 256)")
+      ->transform(whole(0, 1 << 20));
+  c->add_option("--prompt-chunk", o->prompt_chunk,
+                "With a prompt cache, prompts run in chunks of this many tokens at fixed positions: the granularity "
+                "of reuse; smaller chunks reuse more and run new prompts slower (default 128)")
+      ->transform(whole(1, 65536));
 }
 
 // Opens url in the desktop's browser when there is a desktop (xdg-open), without a shell.

@@ -41,6 +41,9 @@ struct ServerOptions {
   int port = 8080;
   int64_t max_connections = 1024, max_client_connections = 256;
   int64_t slots = 8, max_len = 0, max_queue = 64, max_body = 1 << 20, max_tokens = 1024, max_attention = 4 << 20;
+  // Prompt reuse (docs/serving.md): past prompts' keys and values kept, MiB (0: none, and each prompt
+  // runs in one pass), and the prompt tokens run together when there is a cache (its granularity).
+  int64_t prompt_cache_mib = 256, prompt_chunk = 128;
   // The HTML page answered at GET / (qkv's explorer page, which the qkv binary embeds), open without
   // the API key; its bytes must outlive the Server. Empty: no page (GET / is a 404).
   std::string_view page;

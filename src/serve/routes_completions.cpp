@@ -65,6 +65,7 @@ struct ChoiceText {
   std::string finish;
   bool ended = false;
   Json logprobs = Json::object();
+  int64_t cached = 0;  // prompt tokens the scheduler took from its prompt cache for this choice
 };
 
 // ---- /v1/completions --------------------------------------------------------------------------
@@ -88,6 +89,18 @@ struct ServerImpl::CompletionParams {
     return n;
   }
 };
+
+// OpenAI's usage: prompt tokens (every prompt of a batch), generated tokens, and the prompt tokens
+// taken from the prompt cache (each prompt's first choice: its other choices find its own chunks)
+Json ServerImpl::usage(const CompletionParams& p, const std::vector<ChoiceText>& choices, int64_t generated) {
+  const int64_t P = p.prompt_tokens();
+  int64_t cached = 0;
+  for (size_t k = 0; k < p.prompts.size(); ++k) cached += choices[k * static_cast<size_t>(p.r.n)].cached;
+  return {{"prompt_tokens", P},
+          {"completion_tokens", generated},
+          {"total_tokens", P + generated},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
 
 ServerImpl::CompletionParams ServerImpl::parse_completion(const std::string& body) {
   Fields f(body);
@@ -198,6 +211,7 @@ ServerImpl::CompletionParams ServerImpl::parse_completion(const std::string& bod
   p.r.sampling.frequency_penalty = static_cast<float>(f.number("frequency_penalty", -2, 2, 0));
   p.stop = f.strings("stop", 4, false, true);
   if (const Json* rf = f.get("response_format"); rf && !rf->is_null()) p.r.constraint = output_constraint(*rf);
+  p.r.cache_prompt = f.boolean("cache_prompt", true);  // llama.cpp's: reuse a cached prefix (same results)
   f.done();
   p.r.eos_id = tok_->eos_id();
   const int64_t context = sched_->options().max_len;
@@ -297,6 +311,7 @@ std::vector<ServerImpl::Delta> ServerImpl::fold(Completion& c, std::vector<Choic
     ChoiceText& ch = choices[static_cast<size_t>(e.choice)];
     if (ch.ended) continue;  // after a stop string: the tokens the scheduler made meanwhile
     Delta d{e.choice, "", "", nullptr};
+    if (e.token >= 0 && ch.ids.empty()) ch.cached = e.prompt_cached;
     if (e.token >= 0 && e.token != p.r.eos_id) {
       ch.ids.push_back(e.token);
       if (p.r.top_logprobs > 0) {
@@ -393,9 +408,11 @@ void ServerImpl::run_completion(const std::shared_ptr<CompletionParams>& p, http
   // each prompt one request to the scheduler, its choices numbered after the earlier prompts';
   // the sinks hold the Completion alive for the scheduler. A prompt refused (a full queue)
   // stops the ones already submitted.
+  const std::string cid = (p->chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
   for (size_t k = 0; k < p->prompts.size() && p->r.max_tokens > 0; ++k) {
     CompletionRequest r = p->r;
     r.prompt = p->prompts[k];
+    r.id = cid;
     const int64_t offset = static_cast<int64_t>(k) * n;
     try {
       sched_->submit(r, [c, offset](const TokenEvent& e) {
@@ -408,7 +425,6 @@ void ServerImpl::run_completion(const std::shared_ptr<CompletionParams>& p, http
       throw;
     }
   }
-  const std::string cid = (p->chat ? "chatcmpl-" : "cmpl-") + std::to_string(++next_id_);
   const auto created = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
@@ -481,7 +497,7 @@ void ServerImpl::run_completion(const std::shared_ptr<CompletionParams>& p, http
     }
     const int64_t P = p->prompt_tokens();
     ++completions_, prompt_tokens_ += P, generated_tokens_ += generated;
-    out["usage"] = {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}};
+    out["usage"] = usage(*p, *choices, generated);
     res.body = dump(out);
     return;
   }
@@ -559,13 +575,12 @@ void ServerImpl::run_completion(const std::shared_ptr<CompletionParams>& p, http
         if (p->include_usage) {
           int64_t generated = 0;
           for (const ChoiceText& ch : *choices) generated += static_cast<int64_t>(ch.ids.size());
-          const int64_t P = p->prompt_tokens();
           const Json j = {{"id", cid},
                           {"object", p->chat ? "chat.completion.chunk" : "text_completion"},
                           {"created", created},
                           {"model", id_},
                           {"choices", Json::array()},
-                          {"usage", {{"prompt_tokens", P}, {"completion_tokens", generated}, {"total_tokens", P + generated}}}};
+                          {"usage", usage(*p, *choices, generated)}};
           if (!sink.write("data: " + dump(j) + "\n\n")) return;
         }
         sink.write("data: [DONE]\n\n");

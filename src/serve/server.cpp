@@ -79,6 +79,10 @@ ServerImpl::ServerImpl(const ServerOptions& o) : o_(o), http_(limits(o), transpo
   so.max_queue = o.max_queue;
   const ModelConfig& c = model_->config();
   so.max_len = o.max_len > 0 ? o.max_len : c.positional == Positional::Learned ? c.max_len : 2048;
+  check(o.prompt_cache_mib >= 0 && o.prompt_cache_mib <= (int64_t{1} << 30), "--prompt-cache ", o.prompt_cache_mib,
+        " (expected 0 .. 2^30 MiB)");
+  so.prompt_cache_bytes = o.prompt_cache_mib << 20;
+  so.prompt_chunk = o.prompt_cache_mib > 0 ? o.prompt_chunk : 0;
   sched_ = std::make_unique<Scheduler>(*model_, so);
   load_chat_template();
   load_embedding_setup();
@@ -120,8 +124,8 @@ int ServerImpl::run(const std::atomic<bool>& stop, const std::function<void(cons
 
 // Every handler: counted in flight, errors turned into OpenAI's JSON, never an exception out.
 template <class F>
-http::Handler ServerImpl::handler(F f) {
-  return [this, f](const http::Request& req, http::Response& res) {
+http::Handler ServerImpl::handler(std::string route, F f) {
+  return [this, route, f](const http::Request& req, http::Response& res) {
     try {
       if (draining_) throw HttpError{503, "the server is shutting down", "server_error", ""};
       f(req, res);
@@ -135,8 +139,18 @@ http::Handler ServerImpl::handler(F f) {
       reply_error(res, {500, e.what(), "server_error", ""});
     }
     std::lock_guard<std::mutex> lock(status_mu_);
-    ++statuses_[res.status];
+    ++statuses_[{route, res.status}];
   };
+}
+
+// A route through handler(), named by its path in /metrics; quick ones are answered on the I/O
+// thread. A path ending in '/' takes every path under it.
+template <class F>
+void ServerImpl::route(const char* method, const std::string& path, F f, bool quick) {
+  if (path.size() > 1 && path.back() == '/')
+    http_.route_prefix(method, path, handler(path + "{id}", std::move(f)), quick);
+  else
+    http_.route(method, path, handler(path, std::move(f)), quick);
 }
 
 http::Limits ServerImpl::limits(const ServerOptions& o) {
@@ -208,75 +222,92 @@ void ServerImpl::routes() {
     return true;
   });
   // answered on the I/O thread: never waits on the model
-  http_.route("GET", "/health", handler([this](const http::Request&, http::Response& res) {
+  route("GET", "/health", [this](const http::Request&, http::Response& res) {
     const Json j = {{"status", draining_ ? "stopping" : "ok"}, {"model", id_}, {"task", task_label()},
                     {"waiting", sched_->waiting()}, {"decoding", sched_->decoding()}};
     res.body = dump(j);
-  }), true);
-  http_.route("GET", "/v1/models", handler([this](const http::Request&, http::Response& res) {
+  }, true);
+  route("GET", "/v1/models", [this](const http::Request&, http::Response& res) {
     const Json j = {{"object", "list"}, {"data", {model_object()}}};
     res.body = dump(j);
-  }), true);
+  }, true);
   if (o_.metrics)
-    http_.route("GET", "/metrics", handler([this](const http::Request&, http::Response& res) {
+    route("GET", "/metrics", [this](const http::Request&, http::Response& res) {
       res.content_type = "text/plain; version=0.0.4; charset=utf-8";
       res.body = metrics_text();
-    }), true);
+    }, true);
+  // llama.cpp's /slots: what each decoding slot is doing (no request's text, only its id and counts)
+  route("GET", "/slots", [this](const http::Request&, http::Response& res) {
+    Json out = Json::array();
+    for (const SlotReport& r : sched_->slot_reports()) {
+      Json j = {{"id", r.slot}, {"is_processing", r.busy}, {"n_ctx", sched_->options().max_len}};
+      if (r.busy) {
+        j["id_task"] = r.request;
+        j["choice"] = r.choice;
+        j["n_prompt_tokens"] = r.prompt_tokens;
+        j["n_prompt_tokens_cached"] = r.prompt_cached;
+        j["n_decoded"] = r.generated;
+        j["n_remain"] = r.max_tokens - r.generated;
+      }
+      out.push_back(j);
+    }
+    res.body = dump(out);
+  }, true);
   // models.retrieve(id): the one served model, or OpenAI's 404
-  http_.route_prefix("GET", "/v1/models/", handler([this](const http::Request& req, http::Response& res) {
+  route("GET", "/v1/models/", [this](const http::Request& req, http::Response& res) {
     const std::string id = req.path.substr(std::string("/v1/models/").size());
     if (id != id_)
       throw HttpError{404, "The model '" + id + "' does not exist; this server serves '" + id_ + "'",
                       "invalid_request_error", "model", "model_not_found"};
     res.body = dump(model_object());
-  }), true);
+  }, true);
   // the explorer page, when the options carry one (qkv serve's and qkv explore's do)
   if (!o_.page.empty())
-    http_.route("GET", "/", handler([this](const http::Request& req, http::Response& res) {
+    route("GET", "/", [this](const http::Request& req, http::Response& res) {
       explorer_page(req, res);
-    }), true);
-  http_.route("GET", "/v1/model", handler([this](const http::Request&, http::Response& res) {
+    }, true);
+  route("GET", "/v1/model", [this](const http::Request&, http::Response& res) {
     res.body = dump(model_json());
-  }), true);
-  http_.route("POST", "/v1/attend", handler([this](const http::Request& req, http::Response& res) {
+  }, true);
+  route("POST", "/v1/attend", [this](const http::Request& req, http::Response& res) {
     explorer_attend(req, res);
-  }));
-  http_.route("GET", "/v1/claims", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("GET", "/v1/claims", [this](const http::Request& req, http::Response& res) {
     explorer_claims(req, res);
-  }));
-  http_.route("POST", "/v1/completions", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/completions", [this](const http::Request& req, http::Response& res) {
     need_task(Task::LanguageModel, "/v1/completions");
     completions(req, res);
-  }));
-  http_.route("POST", "/v1/chat/completions", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/chat/completions", [this](const http::Request& req, http::Response& res) {
     need_task(Task::LanguageModel, "/v1/chat/completions");
     chat_completions(req, res);
-  }));
-  http_.route("POST", "/v1/embeddings", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/embeddings", [this](const http::Request& req, http::Response& res) {
     embeddings(req, res);
-  }));
-  http_.route("POST", "/v1/next-token", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/next-token", [this](const http::Request& req, http::Response& res) {
     need_task(Task::LanguageModel, "/v1/next-token");
     next_token(req, res);
-  }));
-  http_.route("POST", "/v1/attention", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/attention", [this](const http::Request& req, http::Response& res) {
     attention(req, res);
-  }));
-  http_.route("POST", "/v1/translations", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/translations", [this](const http::Request& req, http::Response& res) {
     need_task(Task::Translate, "/v1/translations");
     translations(req, res);
-  }));
+  });
   // llama.cpp's token routes (any model)
-  http_.route("POST", "/tokenize", handler([this](const http::Request& req, http::Response& res) {
+  route("POST", "/tokenize", [this](const http::Request& req, http::Response& res) {
     tokenize(req, res);
-  }));
-  http_.route("POST", "/detokenize", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/detokenize", [this](const http::Request& req, http::Response& res) {
     detokenize(req, res);
-  }));
-  http_.route("POST", "/v1/classifications", handler([this](const http::Request& req, http::Response& res) {
+  });
+  route("POST", "/v1/classifications", [this](const http::Request& req, http::Response& res) {
     need_task(Task::Classify, "/v1/classifications");
     classifications(req, res);
-  }));
+  });
 }
 
 // GET /metrics: Prometheus' text exposition format, counters since the start and gauges now.
@@ -293,10 +324,32 @@ std::string ServerImpl::metrics_text() {
   one("qkv_requests_waiting", "gauge", "Sequences queued for a decoding slot.", sched_->waiting());
   one("qkv_sequences_decoding", "gauge", "Sequences being decoded.", sched_->decoding());
   one("qkv_slots", "gauge", "Sequences decoded together at most (--slots).", o_.slots);
-  out += "# HELP qkv_http_responses_total Answers of the API's routes, by status code.\n"
+  const Scheduler::PromptStats ps = sched_->prompt_stats();
+  one("qkv_prompt_tokens_cached_total", "counter",
+      "Prompt tokens taken from the prompt cache instead of computed (every choice's).", ps.reused_tokens);
+  one("qkv_prompt_cache_tokens", "gauge", "Prompt tokens whose keys and values the prompt cache holds.",
+      ps.cache.tokens);
+  one("qkv_prompt_cache_bytes", "gauge", "Bytes the prompt cache holds (at most --prompt-cache MiB).", ps.cache.bytes);
+  // histograms: cumulative buckets, sum and count (Prometheus' text format)
+  const auto [ttft, tpot] = sched_->latencies();
+  const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
+    out += detail::concat("# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+    int64_t below = 0;
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      below += h.counts[i];
+      out += detail::concat(name, "_bucket{le=\"", h.bounds[i], "\"} ", below, "\n");
+    }
+    out += detail::concat(name, "_bucket{le=\"+Inf\"} ", h.count, "\n", name, "_sum ", h.sum, "\n", name, "_count ",
+                          h.count, "\n");
+  };
+  histogram("qkv_time_to_first_token_seconds",
+            "From a completion request's queueing to its first token (each prompt of a batch counts).", ttft);
+  histogram("qkv_time_per_output_token_seconds", "Between a choice's successive tokens.", tpot);
+  out += "# HELP qkv_http_responses_total Answers of the API's routes, by route and status code.\n"
          "# TYPE qkv_http_responses_total counter\n";
   std::lock_guard<std::mutex> lock(status_mu_);
-  for (const auto& [code, n] : statuses_) out += detail::concat("qkv_http_responses_total{code=\"", code, "\"} ", n, "\n");
+  for (const auto& [key, n] : statuses_)
+    out += detail::concat("qkv_http_responses_total{route=\"", key.first, "\",code=\"", key.second, "\"} ", n, "\n");
   return out;
 }
 

@@ -55,7 +55,9 @@ class ServerImpl {
   // ---- server.cpp: the route table and what every request passes through -----------------------
 
   template <class F>
-  http::Handler handler(F f);
+  http::Handler handler(std::string route, F f);  // route: its name in /metrics
+  template <class F>
+  void route(const char* method, const std::string& path, F f, bool quick = false);
   static http::Limits limits(const ServerOptions& o);
   bool host_allowed(const std::string* header) const;
   void need_task(Task t, const char* route) const;
@@ -68,6 +70,7 @@ class ServerImpl {
   struct CompletionParams;
   struct Delta;
   CompletionParams parse_completion(const std::string& body);
+  static Json usage(const CompletionParams& p, const std::vector<ChoiceText>& choices, int64_t generated);
   std::shared_ptr<const TokenConstraint> output_constraint(const Json& rf);
   std::shared_ptr<const TokenTrie> token_trie();
   static int64_t utf8_length(const std::string& s);
@@ -124,7 +127,7 @@ class ServerImpl {
   // --metrics: counters since the start
   std::atomic<int64_t> prompt_tokens_{0}, generated_tokens_{0}, completions_{0};
   std::mutex status_mu_;
-  std::map<int, int64_t> statuses_;  // the routes' answers by status code
+  std::map<std::pair<std::string, int>, int64_t> statuses_;  // the routes' answers by route and status code
   ChatTemplateSource chat_source_;     // the chat template's text and special tokens
   std::unique_ptr<ChatTemplate> chat_;  // null: no template (chat_error_ says why, when one failed)
   std::string chat_error_;
