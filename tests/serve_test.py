@@ -300,20 +300,15 @@ def prompt_reuse_checks(ck, qkv, lm):
     prompts = [prefix + [rng.randrange(32, 120) for _ in range(5)], prefix + [rng.randrange(32, 120) for _ in range(9)]]
     prompts.append(prompts[1] + [rng.randrange(32, 120) for _ in range(12)])  # a growing chat
     prompts.append(prompts[0][:16])                                           # all cached: the last chunk runs
-    kept = []  # the cache's prefixes, as the server keeps them
+    kept = set()  # the cache's chunks, each as the prefix it ends (prompts share their common chunks)
 
     def expect(p):
-        most = (len(p) - 1) // C * C
-        best = 0
-        for k in kept:
-            same = 0
-            while same < min(len(k), most) and k[same] == p[same]:
-                same += 1
-            best = max(best, same // C * C)
-        n = len(p) // C * C
-        if n and not any(k[:n] == p[:n] and len(k) >= n for k in kept):
-            kept[:] = [k for k in kept if k != p[:len(k)]] + [p[:n]]
-        return best
+        most = (len(p) - 1) // C
+        k = 0
+        while k < most and tuple(p[:(k + 1) * C]) in kept:
+            k += 1
+        kept.update(tuple(p[:(j + 1) * C]) for j in range(len(p) // C))
+        return k * C
 
     def body(p, cache, **kw):
         return dict({"prompt": p, "max_tokens": 8, "temperature": 0, "logprobs": 3, "cache_prompt": cache}, **kw)
@@ -351,9 +346,9 @@ def prompt_reuse_checks(ck, qkv, lm):
         m = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
         reused = sum(expected) + 2 * ((len(prompts[2]) - 1) // C * C)  # the stream's two choices each
         ck.report(st == 200 and int(m["qkv_prompt_tokens_cached_total"]) == reused and
-                  int(m["qkv_prompt_cache_tokens"]) == sum(len(k) for k in kept) and
+                  int(m["qkv_prompt_cache_tokens"]) == C * len(kept) and
                   int(m["qkv_prompt_cache_bytes"]) > 0,
-                  "/metrics: prompt tokens reused and the cache's tokens", (m, reused, [len(k) for k in kept]))
+                  "/metrics: prompt tokens reused and the cache's tokens (shared chunks once)", (m, reused, len(kept)))
         st, slots = s.request("GET", "/slots")
         ck.report(st == 200 and isinstance(slots, list) and len(slots) == 8 and
                   all(x["is_processing"] is False and x["n_ctx"] == 96 for x in slots) and

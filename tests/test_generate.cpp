@@ -804,12 +804,12 @@ TEST(DecodeSlots, PromptCacheReusesWholeChunksAndChangesNoBit) {
       EXPECT_EQ(none, 0);
       EXPECT_EQ(with, without);  // bitwise
     }
-    // kept: a's 8 tokens grew into b's 16 (one entry), c's 8 (its own), d's and the 1-token prompt
-    // nothing new
+    // kept: a's two chunks, b's two more under them, c's second chunk under a's first: 5 chunks,
+    // 2 distinct prefixes (b's and c's); d, the second a and the 1-token prompt add nothing
     DecodeSlots::CacheStats st = cached.prompt_cache();
     const int64_t per_token = st.bytes / st.tokens;
     EXPECT_EQ(st.entries, 2);
-    EXPECT_EQ(st.tokens, 16 + 8);
+    EXPECT_EQ(st.tokens, 5 * C);
     int64_t G = dc.config.kv_heads(), Dk = dc.config.head_dim_k(), Dv = dc.config.head_dim_v();
     EXPECT_EQ(per_token, dc.config.n_layers * G * (Dk + Dv) * 4);
     // reuse = false neither reads nor keeps
@@ -823,16 +823,24 @@ TEST(DecodeSlots, PromptCacheReusesWholeChunksAndChangesNoBit) {
     one_pass.add(b, &z1);
     fresh.add(b, &z2);
     for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(z1[v], z2[v], 1e-4f * (1 + std::fabs(z1[v])));
-    // a budget of 12 tokens: a's 8 are kept; b's 16 are more than the whole budget, not kept
-    DecodeSlots small(m, 1, 32, {C, 12 * per_token});
+    // a budget of 3 chunks: a's 2 are kept, then b's third (its fourth finds no leaf to evict
+    // outside its own path); c's second chunk evicts b's third, the least recently used leaf
+    DecodeSlots small(m, 1, 32, {C, 3 * C * per_token});
     run(small, a, true, &reused);
+    EXPECT_EQ(small.prompt_cache().tokens, 2 * C);
     run(small, b, true, &reused);
     EXPECT_EQ(reused, 8);
-    EXPECT_EQ(small.prompt_cache().tokens, 8);
-    run(small, c, true, &reused);  // a's 8 are the least recently used: out, c's 8 in
-    EXPECT_EQ(small.prompt_cache().entries, 1);
-    run(small, b, true, &reused);
+    EXPECT_EQ(small.prompt_cache().tokens, 3 * C);
+    run(small, c, true, &reused);
     EXPECT_EQ(reused, 4);  // c's first chunk is a's
+    EXPECT_EQ(small.prompt_cache().tokens, 3 * C);
+    EXPECT_EQ(small.prompt_cache().entries, 2);  // a's second chunk and c's
+    run(small, b, true, &reused);
+    EXPECT_EQ(reused, 8);  // a's two chunks are still there; b's third is not
+    const auto again = run(small, b, true, &reused);
+    EXPECT_EQ(reused, 12);
+    DecodeSlots fresh_b(m, 1, 32, {C, 0});
+    EXPECT_EQ(again, run(fresh_b, b, true, &reused));
   }
 }
 

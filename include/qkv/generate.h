@@ -131,11 +131,12 @@ std::vector<double> log_softmax_row(const float* logits, int64_t V);
 // Prompts run in chunks of `prompt_chunk` tokens that start at multiples of it (positions 0 ..
 // C-1, C .. 2C-1, ...; the last chunk may be shorter), so a chunk's keys and values depend only on
 // the tokens up to its end. That makes prompt reuse exact: with a prompt cache, the keys and
-// values of each prompt's whole chunks are kept (least recently used first out, within
-// `prompt_cache_bytes`), and a later prompt that starts with the same tokens copies the longest
-// such prefix instead of recomputing it; everything after it runs the same chunks a fresh run
-// would, so the logits are bitwise those of a run without the cache. (A prefix's keys and values
-// from decoding steps are never reused: steps compute them with other products than prompts.)
+// values of each prompt's whole chunks are kept in a tree of chunks (prompts that share a prefix
+// share its chunks; least recently used leaves first out, within `prompt_cache_bytes`), and a
+// later prompt that starts with the same tokens copies the longest such prefix instead of
+// recomputing it; everything after it runs the same chunks a fresh run would, so the logits are
+// bitwise those of a run without the cache. (A prefix's keys and values from decoding steps are
+// never reused: steps compute them with other products than prompts.)
 //
 // The price: a chunk's products pack the weights again (and dequantise quantised ones), so
 // chunks of 128 tokens run a 1,024-token prompt 1.3x (float32) to 1.6x (Q4_0) slower than one
@@ -173,7 +174,8 @@ class DecodeSlots {
   // Frees the slot.
   void remove(int64_t slot);
 
-  // The prompt cache: prefixes kept, their tokens and bytes.
+  // The prompt cache: the distinct prefixes it holds (the tree's leaves), and the tokens and bytes
+  // of its chunks (a chunk shared by several prefixes counted once).
   struct CacheStats {
     int64_t entries = 0, tokens = 0, bytes = 0;
   };

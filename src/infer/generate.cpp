@@ -118,12 +118,11 @@ class Session {
     return n;
   }
 
-  // Positions 0 .. n - 1 of row `row`'s self-attention caches to or from `buf`, which holds
-  // `stride` >= n positions (per layer: keys then values, per head, `stride` positions each; so
-  // save_prefix(r, n, n, buf) writes n * floats_per_position() floats).
-  void save_prefix(int64_t row, int64_t n, int64_t stride, float* buf) const { move_prefix(row, n, stride, buf, true); }
-  void load_prefix(int64_t row, int64_t n, int64_t stride, const float* buf) {
-    move_prefix(row, n, stride, const_cast<float*>(buf), false);  // only read when loading
+  // Positions start .. start + n - 1 of row `row`'s self-attention caches to or from `buf`, n *
+  // floats_per_position() floats: per layer, keys then values, per head, n positions each.
+  void save_positions(int64_t row, int64_t start, int64_t n, float* buf) const { move(row, start, n, buf, true); }
+  void load_positions(int64_t row, int64_t start, int64_t n, const float* buf) {
+    move(row, start, n, const_cast<float*>(buf), false);  // only read when loading
   }
 
   // Row `to` of this session's self-attention caches <- row `from` of `other`'s, positions
@@ -143,18 +142,18 @@ class Session {
   }
 
  private:
-  void move_prefix(int64_t row, int64_t n, int64_t stride, float* buf, bool out) const {
-    check(n <= Tmax_ && n <= stride, name_, ": internal: a prefix of ", n, " positions (", stride, " kept) in a cache of ",
-          Tmax_);
+  void move(int64_t row, int64_t start, int64_t n, float* buf, bool out) const {
+    check(start >= 0 && n >= 0 && start + n <= Tmax_, name_, ": internal: positions ", start, " .. ", start + n - 1,
+          " in a cache of ", Tmax_);
     for (const nn::LayerCache& lc : caches_)
       for (const Tensor* t : {&lc.self.k, &lc.self.v}) {
         const int64_t G = t->size(1), D = t->size(3);
         float* base = t->data<float>();  // a handle: const here is the session's, not the buffer's
         for (int64_t g = 0; g < G; ++g) {
-          float* at = base + ((row * G + g) * Tmax_) * D;
+          float* at = base + ((row * G + g) * Tmax_ + start) * D;
           if (out) std::copy(at, at + n * D, buf);
           else std::copy(buf, buf + n * D, at);
-          buf += stride * D;
+          buf += n * D;
         }
       }
   }
@@ -574,11 +573,17 @@ std::vector<double> log_softmax_row(const float* logits, int64_t V) { return log
 // batch-invariantly (qkv::BatchInvariantGemm), so a sequence's logits are bitwise the same
 // whichever rows run beside it.
 struct DecodeSlots::Impl {
-  // A past prompt's whole chunks: its tokens and their keys and values (Session::save_prefix).
-  struct Cached {
+  // The prompt cache is a tree of chunks: a chunk's keys and values depend on every token before
+  // it, so a node is a chunk's tokens under its parent (the chunks before it). Prompts that share
+  // a prefix share its nodes (a system prompt is kept once, whatever follows it). A prompt reuses
+  // the longest path of nodes its chunks match; the least recently used leaves go first when the
+  // budget is passed.
+  struct Node {
+    int64_t parent = -1;  // -1: the prompt's first chunk
     std::vector<int32_t> tokens;
-    std::vector<float> kv;
-    uint64_t used = 0;  // the clock when last read or written
+    std::unique_ptr<float[]> kv;  // Session::save_positions of the chunk's positions
+    uint64_t used = 0;            // the clock when last read or written
+    int64_t children = 0;
   };
   const Model& model;
   DecodeSlotsOptions opt;
@@ -586,64 +591,67 @@ struct DecodeSlots::Impl {
   std::vector<int64_t> len;    // per slot: tokens in its cache, 0 when free
   std::vector<int64_t> row;    // per slot: its cache row, -1 when free
   std::vector<int64_t> owner;  // per busy row: its slot
-  std::vector<Cached> cache;   // the prompt cache
-  int64_t cache_bytes = 0, per_position = 0;
+  std::map<int64_t, Node> nodes;                                   // the prompt cache, by id
+  std::map<std::pair<int64_t, std::vector<int32_t>>, int64_t> child;  // (parent, chunk tokens) -> id
+  int64_t next_node = 0, per_position = 0;
   uint64_t clock = 0;
   Impl(const Model& m, int64_t slots, int64_t max_len, const DecodeSlotsOptions& o)
       : model(m), opt(o), batch(m, slots, max_len, GenerateConfig{}, "DecodeSlots"), len(static_cast<size_t>(slots), 0),
         row(static_cast<size_t>(slots), -1), per_position(batch.floats_per_position()) {}
 
-  int64_t bytes_of(int64_t positions) const { return positions * per_position * static_cast<int64_t>(sizeof(float)); }
+  int64_t chunk_bytes() const { return opt.prompt_chunk * per_position * static_cast<int64_t>(sizeof(float)); }
 
-  // The longest cached prefix of `prompt` in whole chunks, leaving its last token to run:
-  // (entry, positions), or (-1, 0).
-  std::pair<int64_t, int64_t> lookup(const std::vector<int32_t>& prompt) const {
-    const auto P = static_cast<int64_t>(prompt.size());
-    const int64_t C = opt.prompt_chunk, most = (P - 1) / C * C;
-    std::pair<int64_t, int64_t> best{-1, 0};
-    for (size_t e = 0; e < cache.size(); ++e) {
-      const std::vector<int32_t>& t = cache[e].tokens;
-      const int64_t n = std::min<int64_t>(most, static_cast<int64_t>(t.size()));
-      int64_t same = 0;
-      while (same < n && t[static_cast<size_t>(same)] == prompt[static_cast<size_t>(same)]) ++same;
-      same = same / C * C;
-      if (same > best.second) best = {static_cast<int64_t>(e), same};
+  // The nodes of `prompt`'s first `chunks` whole chunks that the cache holds, in order (the path
+  // stops at the first chunk it lacks).
+  std::vector<int64_t> path(const std::vector<int32_t>& prompt, int64_t chunks) const {
+    std::vector<int64_t> out;
+    const int64_t C = opt.prompt_chunk;
+    int64_t parent = -1;
+    for (int64_t k = 0; k < chunks; ++k) {
+      const auto it = child.find({parent, std::vector<int32_t>(prompt.begin() + k * C, prompt.begin() + (k + 1) * C)});
+      if (it == child.end()) break;
+      out.push_back(parent = it->second);
     }
-    return best;
+    return out;
   }
 
-  // Keeps the whole chunks of a prompt just run in row 0 of `one`: an entry it extends is
-  // replaced, one that already holds it is only marked used; the least recently used go first
-  // when the budget is passed (a prompt larger than the whole budget is not kept).
+  // Drops the least recently used leaf that is not in `keep`; false when there is none.
+  bool evict(const std::vector<int64_t>& keep) {
+    auto lru = nodes.end();
+    for (auto it = nodes.begin(); it != nodes.end(); ++it)
+      if (it->second.children == 0 && std::find(keep.begin(), keep.end(), it->first) == keep.end() &&
+          (lru == nodes.end() || it->second.used < lru->second.used))
+        lru = it;
+    if (lru == nodes.end()) return false;
+    Node& n = lru->second;
+    if (n.parent >= 0) --nodes.at(n.parent).children;
+    child.erase({n.parent, n.tokens});
+    nodes.erase(lru);
+    return true;
+  }
+
+  // Keeps the whole chunks of a prompt just run in row 0 of `one`: the chunks the cache lacks are
+  // added under the ones it has, as long as the budget holds (evicting other leaves first).
   void keep(const std::vector<int32_t>& prompt, const Session& one) {
-    const int64_t n = static_cast<int64_t>(prompt.size()) / opt.prompt_chunk * opt.prompt_chunk;
-    if (n == 0 || bytes_of(n) > opt.prompt_cache_bytes) return;
+    const int64_t C = opt.prompt_chunk, chunks = static_cast<int64_t>(prompt.size()) / C;
+    std::vector<int64_t> have = path(prompt, chunks);
     ++clock;
-    for (size_t e = 0; e < cache.size(); ++e) {
-      Cached& c = cache[e];
-      const auto m = std::min<int64_t>(n, static_cast<int64_t>(c.tokens.size()));
-      if (!std::equal(c.tokens.begin(), c.tokens.begin() + m, prompt.begin())) continue;
-      if (static_cast<int64_t>(c.tokens.size()) >= n) {  // already held
-        c.used = clock;
-        return;
-      }
-      cache_bytes -= bytes_of(static_cast<int64_t>(c.tokens.size()));  // extended: replaced below
-      cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(e));
-      break;
+    for (int64_t id : have) nodes.at(id).used = clock;
+    for (auto k = static_cast<int64_t>(have.size()); k < chunks; ++k) {
+      while (static_cast<int64_t>(nodes.size() + 1) * chunk_bytes() > opt.prompt_cache_bytes)
+        if (!evict(have)) return;
+      Node n;
+      n.parent = have.empty() ? -1 : have.back();
+      n.tokens.assign(prompt.begin() + k * C, prompt.begin() + (k + 1) * C);
+      n.kv.reset(new float[static_cast<size_t>(C * per_position)]);  // every float written below
+      one.save_positions(0, k * C, C, n.kv.get());
+      n.used = clock;
+      if (n.parent >= 0) ++nodes.at(n.parent).children;
+      const int64_t id = next_node++;
+      child[{n.parent, n.tokens}] = id;
+      nodes.emplace(id, std::move(n));
+      have.push_back(id);
     }
-    while (!cache.empty() && cache_bytes + bytes_of(n) > opt.prompt_cache_bytes) {
-      const auto lru = std::min_element(cache.begin(), cache.end(),
-                                        [](const Cached& a, const Cached& b) { return a.used < b.used; });
-      cache_bytes -= bytes_of(static_cast<int64_t>(lru->tokens.size()));
-      cache.erase(lru);
-    }
-    Cached c;
-    c.tokens.assign(prompt.begin(), prompt.begin() + n);
-    c.kv.resize(static_cast<size_t>(n * per_position));
-    one.save_prefix(0, n, n, c.kv.data());
-    c.used = clock;
-    cache_bytes += bytes_of(n);
-    cache.push_back(std::move(c));
   }
 };
 
@@ -675,9 +683,9 @@ int64_t DecodeSlots::length(int64_t slot) const {
 
 DecodeSlots::CacheStats DecodeSlots::prompt_cache() const {
   CacheStats st;
-  st.entries = static_cast<int64_t>(impl_->cache.size());
-  for (const Impl::Cached& c : impl_->cache) st.tokens += static_cast<int64_t>(c.tokens.size());
-  st.bytes = impl_->cache_bytes;
+  for (const auto& [id, n] : impl_->nodes) st.entries += n.children == 0;
+  st.tokens = static_cast<int64_t>(impl_->nodes.size()) * impl_->opt.prompt_chunk;
+  st.bytes = static_cast<int64_t>(impl_->nodes.size()) * impl_->chunk_bytes();
   return st;
 }
 
@@ -695,13 +703,16 @@ int64_t DecodeSlots::add(const std::vector<int32_t>& prompt, std::vector<float>*
   Session one(impl_->model, 1, P, GenerateConfig{}, "DecodeSlots");
   int64_t from = 0;
   if (cached) {
-    const auto [entry, n] = impl_->lookup(prompt);
-    if (entry >= 0) {
-      Impl::Cached& e = impl_->cache[static_cast<size_t>(entry)];
-      one.load_prefix(0, n, static_cast<int64_t>(e.tokens.size()), e.kv.data());
-      e.used = ++impl_->clock;
-      from = n;
+    // the longest cached path of whole chunks, leaving at least the prompt's last token to run
+    const int64_t C = impl_->opt.prompt_chunk;
+    const std::vector<int64_t> have = impl_->path(prompt, (P - 1) / C);
+    ++impl_->clock;
+    for (size_t k = 0; k < have.size(); ++k) {
+      Impl::Node& n = impl_->nodes.at(have[k]);
+      one.load_positions(0, static_cast<int64_t>(k) * C, C, n.kv.get());
+      n.used = impl_->clock;
     }
+    from = static_cast<int64_t>(have.size()) * C;
   }
   const std::vector<int64_t> ids(prompt.begin(), prompt.end());
   Tensor z;
