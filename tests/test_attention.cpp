@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attention_testing.h"
+#include "error_testing.h"
 
 namespace qkv::testing {
 namespace {
@@ -442,6 +443,36 @@ TEST(WorkedExample, ChapterNumbers) {
     EXPECT_NEAR(ov[0], 7.311, 5e-4);
     EXPECT_NEAR(ov[1], 2.689, 5e-4);
   }
+}
+
+// The float64 reference takes float64 inputs and gives float64 results (what a double-precision
+// gradient check needs): the same numbers as on the inputs rounded to float32, to float32's
+// rounding; the other paths refuse float64 by name.
+TEST(Reference, Float64InputsGiveFloat64ResultsAndGradients) {
+  std::mt19937 rng(3);
+  const Tensor q = randn({2, 4, 5, 3}, rng), k = randn({2, 2, 7, 3}, rng), v = randn({2, 2, 7, 6}, rng);
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.impl = AttentionImpl::Reference;
+  const AttentionOutput o32 = attention(q, k, v, spec);
+  const AttentionOutput o64 = attention(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), spec);
+  ASSERT_EQ(o64.out.dtype(), DType::F64);
+  ASSERT_EQ(o64.lse.dtype(), DType::F64);
+  EXPECT_EQ(o64.out.shape(), o32.out.shape());
+  for (int64_t i = 0; i < o32.out.numel(); ++i)
+    EXPECT_NEAR(o64.out.data<double>()[i], o32.out.data<float>()[i], 1e-6);
+  const Tensor dout = randn(o32.out.shape(), rng);
+  const AttentionGrads g32 = attention_backward(q, k, v, o32.out, o32.lse, dout, spec);
+  const AttentionGrads g64 = attention_backward(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), o64.out,
+                                                o64.lse, dout.to(DType::F64), spec);
+  ASSERT_EQ(g64.dk.dtype(), DType::F64);
+  for (int64_t i = 0; i < g32.dk.numel(); ++i) EXPECT_NEAR(g64.dk.data<double>()[i], g32.dk.data<float>()[i], 1e-5);
+  spec.impl = AttentionImpl::Flash;
+  EXPECT_NE(error_of([&] { attention(q.to(DType::F64), k.to(DType::F64), v.to(DType::F64), spec); })
+                .find("float64 reference only"),
+            std::string::npos);
+  spec.impl = AttentionImpl::Reference;
+  EXPECT_NE(error_of([&] { attention(q.to(DType::F64), k, v, spec); }).find("k: expected float64"), std::string::npos);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -398,6 +399,29 @@ TEST(Tensor, ToRejectsUnrepresentableValuesAndBf16) {
   EXPECT_QKV_ERROR(Tensor({2}, DType::F32).to(DType::BF16), "bfloat16", "reserved");
   EXPECT_QKV_ERROR(Tensor({2}, DType::BF16).to(DType::F32), "bfloat16", "reserved");
   EXPECT_EQ(Tensor({2}, DType::BF16).to(DType::BF16).nbytes(), 4u);
+}
+
+// A borrowed tensor reads the caller's memory in place, keeps its owner alive as long as any view
+// of it lives, and never frees the memory itself.
+TEST(Tensor, BorrowReadsMemoryInPlaceAndKeepsItsOwnerAlive) {
+  auto buf = std::make_shared<std::vector<float>>(std::vector<float>{0, 1, 2, 3, 4, 5});
+  std::weak_ptr<std::vector<float>> alive = buf;
+  Tensor view;
+  {
+    const Tensor t = Tensor::borrow(buf->data(), {2, 3}, {3, 1}, DType::F32, buf);
+    EXPECT_EQ(t.data<float>(), buf->data());
+    EXPECT_TRUE(t.is_contiguous());
+    view = t.transpose(0, 1);
+  }
+  buf.reset();
+  ASSERT_FALSE(alive.expired());  // the view holds it
+  EXPECT_EQ(view.contiguous().data<float>()[1], 3.0f);
+  view = Tensor();
+  EXPECT_TRUE(alive.expired());
+  float x[4] = {1, 2, 3, 4};
+  EXPECT_QKV_ERROR(Tensor::borrow(x, {2, 2}, {2, 1}, DType::F32, nullptr), "owner");
+  EXPECT_QKV_ERROR(Tensor::borrow(x, {2, 2}, {-2, 1}, DType::F32, std::make_shared<int>(0)), "stride");
+  EXPECT_QKV_ERROR(Tensor::borrow(x, {2}, {1, 1}, DType::F32, std::make_shared<int>(0)), "strides");
 }
 
 }  // namespace

@@ -21,7 +21,9 @@ namespace qkv {
 
 enum class AttentionImpl {
   Flash,      // tiled, online softmax, O(T*D) memory, saves logsumexp; float32
-  Reference,  // materialises the Tq x Tk matrix, accumulates in float64: the oracle
+  Reference,  // materialises the Tq x Tk matrix, accumulates in float64: the oracle. The only path
+              // that also takes float64 q, k, v (then out, lse and the gradients are float64 too;
+              // masks stay float32): gradient checks in double precision
   // The same plain algorithm entirely in float32: the baseline whose error bounds fused kernels.
   ReferenceFloat32,
 };

@@ -27,6 +27,9 @@ template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
 class Storage {
  public:
   explicit Storage(size_t bytes, bool zero = true);
+  // Memory qkv does not own (a NumPy array's, a PyTorch tensor's): `owner` stays alive as long as
+  // this storage does and is released after it; nothing is copied or freed here.
+  Storage(void* data, size_t bytes, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -37,6 +40,7 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   size_t alloc_ = 0;  // bytes actually allocated (a multiple of 64)
+  std::shared_ptr<void> owner_;  // set for borrowed memory
 };
 
 // Storage keeps freed blocks of 256 KiB and more for reuse by the next tensor of the same size
@@ -54,6 +58,14 @@ class Tensor {
   static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::F32);
   template <class T>
   static Tensor from(std::vector<int64_t> shape, const std::vector<T>& values);
+  // A tensor over memory qkv does not own, without a copy: `data` holds elements at `strides`
+  // (in elements, >= 0) from it, valid while `owner` lives (kept alive by this tensor and every
+  // view of it). For bindings: a NumPy array or a PyTorch tensor passed to qkv's kernels.
+  static Tensor borrow(void* data, std::vector<int64_t> shape, std::vector<int64_t> strides, DType dtype,
+                       std::shared_ptr<void> owner);
+  // The storage's keep-alive handle: a shared pointer that keeps this tensor's memory valid (for
+  // handing a result to NumPy or PyTorch without a copy).
+  std::shared_ptr<void> keep_alive() const { return storage_; }
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }

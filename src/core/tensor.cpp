@@ -254,7 +254,13 @@ Storage::Storage(size_t bytes, bool zero) {
   alloc_ = alloc;
 }
 
+Storage::Storage(void* data, size_t bytes, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), owner_(std::move(owner)) {
+  if (!owner_) fail("Storage: borrowed memory needs an owner to keep it alive");
+}
+
 Storage::~Storage() {
+  if (owner_) return;  // borrowed: the owner releases it
   if (!BlockCache::get().give(data_, alloc_)) std::free(data_);
 }
 
@@ -264,6 +270,31 @@ Storage::~Storage() {
 Tensor::Tensor(std::vector<int64_t> shape, DType dtype) : Tensor(std::move(shape), dtype, true) {}
 
 Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype) { return Tensor(std::move(shape), dtype, false); }
+
+Tensor Tensor::borrow(void* data, std::vector<int64_t> shape, std::vector<int64_t> strides, DType dtype,
+                      std::shared_ptr<void> owner) {
+  if (shape.size() != strides.size())
+    fail("Tensor::borrow: ", shape.size(), " sizes and ", strides.size(), " strides");
+  // the elements reached: 0 .. sum((size - 1) * stride), each stride >= 0
+  int64_t last = 0, n = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0 || strides[d] < 0)
+      fail("Tensor::borrow: size ", shape[d], " and stride ", strides[d], " of dimension ", d, " (expected >= 0)");
+    int64_t reach = 0;
+    if (mul_overflows(n, shape[d], &n) || (shape[d] > 0 && mul_overflows(shape[d] - 1, strides[d], &reach)) ||
+        reach > std::numeric_limits<int64_t>::max() - last)
+      fail("Tensor::borrow: shape ", shape_str(shape), " is too large");
+    last += reach;
+  }
+  if (data == nullptr && n > 0) fail("Tensor::borrow: no memory for ", n, " elements");
+  const size_t bytes = n == 0 ? 0 : static_cast<size_t>(last + 1) * dtype_size(dtype);
+  Tensor t;
+  t.storage_ = std::make_shared<Storage>(data, bytes, std::move(owner));
+  t.shape_ = std::move(shape);
+  t.strides_ = std::move(strides);
+  t.dtype_ = dtype;
+  return t;
+}
 
 Tensor::Tensor(std::vector<int64_t> shape, DType dtype, bool zero) : dtype_(dtype) {
   const size_t item = dtype_size(dtype);

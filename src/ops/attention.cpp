@@ -21,9 +21,10 @@ using kernels::AttnShape;
 
 // (T, D) -> (1, 1, T, D); (H, T, D) -> (1, H, T, D); (B, H, T, D) as is. Last dim contiguous
 // (an explicit copy is made otherwise).
-Tensor as4d(const Tensor& t, const char* name) {
+Tensor as4d(const Tensor& t, const char* name, DType dtype) {
   check(t.defined(), name, ": tensor is empty (not defined)");
-  check(t.dtype() == DType::F32, name, ": expected float32, got ", t.describe());
+  check(t.dtype() == dtype, name, ": expected ", dtype == DType::F64 ? "float64 (as q is)" : "float32", ", got ",
+        t.describe());
   check(t.dim() >= 2 && t.dim() <= 4, name, ": expected (B, H, T, D), (H, T, D) or (T, D), got shape ",
         shape_str(t.shape()));
   Tensor x = t;
@@ -72,9 +73,13 @@ void broadcast_strides(const Tensor& t, const AttnShape& s, const char* name, in
 Prepared prepare(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const AttentionSpec& spec) {
   Prepared p;
   p.q_shape = q_in.defined() ? q_in.shape() : std::vector<int64_t>{};
-  p.q = as4d(q_in, "q");
-  p.k = as4d(k_in, "k");
-  p.v = as4d(v_in, "v");
+  // float64 runs on the float64 reference only (gradient checks in double precision)
+  const DType dt = q_in.defined() && q_in.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  check(dt == DType::F32 || spec.impl == AttentionImpl::Reference,
+        "q: float64 inputs run on the float64 reference only (impl = Reference); the other paths take float32");
+  p.q = as4d(q_in, "q", dt);
+  p.k = as4d(k_in, "k", dt);
+  p.v = as4d(v_in, "v", dt);
   AttnShape& s = p.s;
   s.B = p.q.size(0);
   s.H = p.q.size(1);
@@ -205,8 +210,10 @@ void ref_forward(const Prepared& p, Tensor& out, Tensor& lse) {
   RefInputs<T> r(p);
   Tensor o({s.B, s.H, s.Tq, s.Dv}, dtype_of<T>()), l({s.B, s.H, s.Tq}, dtype_of<T>());
   kernels::attention_ref_forward<T>(r.in, o.data<T>(), l.data<T>(), p.threads);
-  out = o.to(DType::F32);
-  lse = l.to(DType::F32);
+  // float64 inputs keep float64 results
+  const bool keep = p.q.dtype() == DType::F64;
+  out = keep ? o : o.to(DType::F32);
+  lse = keep ? l : l.to(DType::F32);
 }
 
 template <class T>
@@ -215,9 +222,10 @@ void ref_backward(const Prepared& p, const Tensor& dO, Tensor& dq, Tensor& dk, T
   Tensor dOt = dO.to(dtype_of<T>());
   Tensor a(dq.shape(), dtype_of<T>()), b(dk.shape(), dtype_of<T>()), c(dv.shape(), dtype_of<T>());
   kernels::attention_ref_backward<T>(r.in, dOt.data<T>(), a.data<T>(), b.data<T>(), c.data<T>(), p.threads);
-  dq = a.to(DType::F32);
-  dk = b.to(DType::F32);
-  dv = c.to(DType::F32);
+  const bool keep = p.q.dtype() == DType::F64;
+  dq = keep ? a : a.to(DType::F32);
+  dk = keep ? b : b.to(DType::F32);
+  dv = keep ? c : c.to(DType::F32);
 }
 
 Isa chosen_isa(const AttentionSpec& spec) {
@@ -273,12 +281,14 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   const AttnShape& s = p.s;
   const std::vector<int64_t> oshape = result_shape(p.q_shape, s.Dv, false);
   const std::vector<int64_t> lshape = result_shape(p.q_shape, 0, true);
-  check(out.defined() && out.shape() == oshape && out.dtype() == DType::F32, "out: expected float32 ",
-        shape_str(oshape), ", got ", out.defined() ? out.describe() : "nothing");
-  check(dout.defined() && dout.shape() == oshape && dout.dtype() == DType::F32, "dout: expected float32 ",
-        shape_str(oshape), ", got ", dout.defined() ? dout.describe() : "nothing");
-  check(lse.defined() && lse.shape() == lshape && lse.dtype() == DType::F32, "lse: expected float32 ",
-        shape_str(lshape), ", got ", lse.defined() ? lse.describe() : "nothing");
+  const DType dt = p.q.dtype();
+  const char* dname = dt == DType::F64 ? "float64 " : "float32 ";
+  check(out.defined() && out.shape() == oshape && out.dtype() == dt, "out: expected ", dname, shape_str(oshape),
+        ", got ", out.defined() ? out.describe() : "nothing");
+  check(dout.defined() && dout.shape() == oshape && dout.dtype() == dt, "dout: expected ", dname, shape_str(oshape),
+        ", got ", dout.defined() ? dout.describe() : "nothing");
+  check(lse.defined() && lse.shape() == lshape && lse.dtype() == dt, "lse: expected ", dname, shape_str(lshape),
+        ", got ", lse.defined() ? lse.describe() : "nothing");
   Tensor dq({s.B, s.H, s.Tq, s.Dk}, DType::F32), dk({s.B, s.Hkv, s.Tk, s.Dk}, DType::F32),
       dv({s.B, s.Hkv, s.Tk, s.Dv}, DType::F32);
   Tensor o = out.contiguous(), dO = dout.contiguous(), l = lse.contiguous();
