@@ -32,7 +32,7 @@ if [ "$what" = all ]; then
     python3-sentencepiece       # the Hugging Face tokenizer parity test (SentencePiece's own encoding)
     python3-jinja2              # the chat template parity test (Jinja2 itself)
     python3-jsonschema          # structured output's answers validated (tests/serve_test.py)
-    pybind11-dev python3-pybind11 python3-pytest python3-setuptools python3-venv
+    pybind11-dev python3-pybind11 python3-dev python3-pytest python3-setuptools python3-wheel python3-venv
                                 # the Python module (import qkv) and its pytest suite
     libopenmpi-dev openmpi-bin  # data-parallel training: mpirun -np N qkv train
     chromium                    # the explorer page's tests in a real browser (headless, via puppeteer-core from npm)

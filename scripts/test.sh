@@ -15,6 +15,14 @@ export OMP_WAIT_POLICY=passive
 echo "== tests (Release)"
 (cd build && ctest --output-on-failure -j "$jobs" --timeout 900)
 
+echo "== pip install . into a virtual environment (the README's command; the module from build/)"
+venv=$(mktemp -d)/venv
+/usr/bin/python3 -m venv --system-site-packages "$venv"  # Debian's Python (NumPy, PyTorch)
+QKV_BUILD_DIR=$PWD/build "$venv/bin/pip" install -q .
+(cd "$venv" && "$venv/bin/python" -c 'import numpy as np, qkv, qkv.torch; q = np.ones((4, 8), np.float32);
+assert np.allclose(qkv.attention(q, q, q, causal=True), 1); print("import qkv:", qkv.__file__)')
+rm -rf "$(dirname "$venv")"
+
 echo "== core tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=ON -DQKV_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-asan -j "$jobs" --target test_core test_attention test_kernels_train test_kernels_layers test_kernels_misc \

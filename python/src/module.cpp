@@ -1,0 +1,98 @@
+// qkv._qkv: the module's entry point and the array conversions every binding uses.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "qkv/error.h"
+#include "qkv/parallel.h"
+
+namespace qkv::python {
+
+std::atomic<int64_t> g_input_copies{0};
+
+namespace {
+
+// A Python object as a keep-alive owner: released with the GIL held, whichever thread drops it.
+std::shared_ptr<void> hold(py::object o) {
+  auto* p = new py::object(std::move(o));
+  return std::shared_ptr<void>(p, [](void* x) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(x);
+  });
+}
+
+py::dtype numpy_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return py::dtype::of<float>();
+    case DType::F64: return py::dtype::of<double>();
+    case DType::I32: return py::dtype::of<int32_t>();
+    case DType::I64: return py::dtype::of<int64_t>();
+    case DType::Bool: return py::dtype::of<bool>();
+    default: throw Error(detail::concat("numpy: qkv's ", dtype_name(t), " has no NumPy type"));
+  }
+}
+
+}  // namespace
+
+Tensor tensor_of(const py::handle& obj, DType dtype, const char* name) {
+  if (!py::isinstance<py::array>(obj) && !py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) &&
+      !py::isinstance<py::float_>(obj) && !py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj))
+    throw py::type_error(std::string(name) + ": expected a NumPy array, got " +
+                         py::str(py::type::of(obj)).cast<std::string>());
+  py::array given = py::array::ensure(obj);
+  if (!given) throw py::type_error(std::string(name) + ": cannot be read as an array");
+  const char kind = given.dtype().kind();
+  if (dtype == DType::Bool ? kind != 'b' : (kind != 'f' && kind != 'i' && kind != 'u' && kind != 'b'))
+    throw py::type_error(std::string(name) + ": expected " +
+                         (dtype == DType::Bool ? "a bool array (True = may attend)" : "an array of numbers") +
+                         ", got dtype " + py::str(given.dtype()).cast<std::string>());
+  const py::dtype want = numpy_dtype(dtype);
+  py::array arr = given;
+  if (!given.dtype().is(want) || !(given.flags() & py::array::c_style)) {
+    // a C-contiguous copy in the wanted type (NumPy's own conversion)
+    arr = py::module_::import("numpy").attr("array")(given, py::arg("dtype") = want, py::arg("order") = "C",
+                                                       py::arg("copy") = true);
+    ++g_input_copies;
+  }
+  std::vector<int64_t> shape(static_cast<size_t>(arr.ndim())), strides(static_cast<size_t>(arr.ndim()));
+  for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
+    shape[static_cast<size_t>(d)] = arr.shape(d);
+    strides[static_cast<size_t>(d)] = arr.shape(d) > 1 ? arr.strides(d) / arr.itemsize() : 0;
+  }
+  // contiguous strides for size-1 dimensions too (qkv checks a contiguous layout by its strides)
+  int64_t s = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    strides[d] = s;
+    s *= shape[d];
+  }
+  void* data = const_cast<void*>(arr.data());
+  return Tensor::borrow(data, std::move(shape), std::move(strides), dtype, hold(arr));
+}
+
+py::array numpy_of(const Tensor& t) {
+  const size_t item = dtype_size(t.dtype());
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end()), strides;
+  for (int64_t s : t.strides()) strides.push_back(static_cast<py::ssize_t>(s * static_cast<int64_t>(item)));
+  auto* keep = new std::shared_ptr<void>(t.keep_alive());
+  py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<void>*>(p); });
+  return py::array(numpy_dtype(t.dtype()), shape, strides, t.raw_data(), base);
+}
+
+}  // namespace qkv::python
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_qkv, m) {
+  namespace qp = qkv::python;
+  m.doc() = "qkv's C++ core: attention kernels and models (use the qkv package, not this module)";
+  py::register_exception<qkv::Error>(m, "Error", PyExc_ValueError);
+  m.def("input_copies", [] { return qp::g_input_copies.load(); },
+        "Input arrays converted (another dtype, or not C-contiguous) since the start");
+  m.def("set_num_threads", &qkv::set_num_threads, py::arg("n"), "Threads qkv's kernels use (OpenMP)");
+  m.def("num_threads", &qkv::num_threads);
+  qp::bind_attention(m);
+  qp::bind_model(m);
+}
