@@ -4,6 +4,8 @@
 // plain float32 reference. The kernels run with the GIL released.
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -126,6 +128,22 @@ void bind_attention(py::module_& m) {
       py::arg("q"), py::arg("k"), py::arg("lse"), py::arg("row_begin"), py::arg("row_end"), QKV_ATTENTION_KWARGS,
       "The attention weights of query rows [row_begin, row_end), recomputed from the saved lse");
   m.def("alibi_slopes", &alibi_slopes, py::arg("heads"), "The standard ALiBi slopes for this many heads");
+  m.def(
+      "_time_attention",
+      [](const py::object& q, const py::object& k, const py::object& v, bool causal, int reps) {
+        // seconds per call of qkv::attention on these arrays, timed in C++ (the binding's overhead
+        // is what a Python loop over qkv.attention adds to this)
+        const Tensor qt = tensor_of(q, DType::F32, "q"), kt = tensor_of(k, DType::F32, "k"),
+                     vt = tensor_of(v, DType::F32, "v");
+        AttentionSpec s;
+        s.causal = causal;
+        py::gil_scoped_release nogil;
+        attention(qt, kt, vt, s);  // warm
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) attention(qt, kt, vt, s);
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / std::max(reps, 1);
+      },
+      py::arg("q"), py::arg("k"), py::arg("v"), py::arg("causal") = false, py::arg("reps") = 100);
   m.def("_address", [](const py::object& a) {
     // the memory a float32 array's tensor reads (tests: the same as the array's when borrowed)
     return reinterpret_cast<uintptr_t>(tensor_of(a, DType::F32, "a").raw_data());
