@@ -13,6 +13,7 @@
 #include "bindings.h"
 #include "models/model_dir.h"
 #include "qkv/generate.h"
+#include "qkv/inspect.h"
 #include "qkv/model.h"
 #include "qkv/tokenizer.h"
 
@@ -198,7 +199,80 @@ void bind_model(py::module_& m) {
             }
             return out;
           },
-          py::arg("texts"), "(label, probability) of each text");
+          py::arg("texts"), "(label, probability) of each text")
+      .def(
+          "attention_maps",
+          [](const PyModel& p, const py::handle& text, const py::object& source, const py::object& layers,
+             const py::object& heads) {
+            // the token ids the model reads, as its commands build them (qkv serve's /v1/attention)
+            const ModelConfig& c = p.model->config();
+            const bool encdec = c.arch == Arch::EncoderDecoder;
+            std::vector<int32_t> ids, src;
+            if (encdec) {
+              check(!source.is_none(), "attention_maps: ", p.path, " translates: give the source text (source=...)");
+              src = source_ids(p.tokenizer(), ids_of(p, source, false));
+              ids.push_back(static_cast<int32_t>(c.bos_id));
+              for (int32_t t : ids_of(p, text, false)) ids.push_back(t);
+            } else if (p.info.task == Task::Classify && py::isinstance<py::str>(text)) {
+              ids = classifier_ids(p.tokenizer(), text.cast<std::string>(), p.info.max_len);
+            } else {
+              ids = ids_of(p, text, true);
+            }
+            check(!ids.empty(), "attention_maps: the text has no tokens");
+            const auto as_tensor = [](const std::vector<int32_t>& v) {
+              Tensor t({1, static_cast<int64_t>(v.size())}, DType::I64);
+              std::copy(v.begin(), v.end(), t.data<int64_t>());
+              return t;
+            };
+            Batch b;
+            if (encdec) {
+              b.input = as_tensor(src);
+              b.decoder_input = as_tensor(ids);
+            } else {
+              b.input = as_tensor(ids);
+            }
+            AttentionTrace trace;
+            {
+              py::gil_scoped_release nogil;
+              trace = trace_attention(*p.model, b);
+            }
+            const auto wanted = [](const py::object& sel, int64_t i) {
+              if (sel.is_none()) return true;
+              for (const py::handle x : sel)
+                if (x.cast<int64_t>() == i) return true;
+              return false;
+            };
+            py::list maps;
+            for (const AttentionMap& am : trace.maps) {
+              if (!wanted(layers, am.layer)) continue;
+              std::vector<int64_t> hs;
+              for (int64_t h = 0; h < am.heads(); ++h)
+                if (wanted(heads, h)) hs.push_back(h);
+              py::array_t<float> w({static_cast<py::ssize_t>(hs.size()), static_cast<py::ssize_t>(am.rows()),
+                                    static_cast<py::ssize_t>(am.cols())});
+              for (size_t i = 0; i < hs.size(); ++i) {
+                const std::vector<float> x = am.weights(0, hs[i], 0, am.rows());
+                std::copy(x.begin(), x.end(), w.mutable_data() + static_cast<int64_t>(i) * am.rows() * am.cols());
+              }
+              py::dict d;
+              d["stack"] = am.stack;
+              d["kind"] = am.kind;
+              d["layer"] = am.layer;
+              d["heads"] = hs;
+              d["weights"] = w;
+              maps.append(d);
+            }
+            py::dict out;
+            out["ids"] = ids;
+            if (encdec) out["source_ids"] = src;
+            out["maps"] = maps;
+            return out;
+          },
+          py::arg("text"), py::kw_only(), py::arg("source") = py::none(), py::arg("layers") = py::none(),
+          py::arg("heads") = py::none(),
+          "Every layer's attention weights on a text (and for a translation model its source): {'ids', 'maps': "
+          "[{'stack', 'kind', 'layer', 'heads', 'weights': (heads, rows, cols)}]}; rows sum to 1 over the keys "
+          "they may see. Weights show part of the computation, not a causal explanation of it");
 }
 
 }  // namespace qkv::python

@@ -86,6 +86,28 @@ def test_translate_and_classify_match_the_command_line(models):
         assert label == cl and abs(prob - float(cp)) < 1e-3
 
 
+def test_attention_maps_are_every_layers_distributions(models):
+    m = qkv.Model.load(models["lm"])
+    r = m.attention_maps("And God said")
+    n = len(r["ids"])
+    assert len(r["maps"]) == m.config["n_layers"]
+    for mp in r["maps"]:
+        w = mp["weights"]
+        assert w.shape == (m.config["n_heads"], n, n) and mp["kind"] == "self"
+        assert np.allclose(w.sum(-1), 1, atol=1e-5)
+        assert np.abs(np.triu(w, 1)).max() == 0  # causal: nothing from the future
+    one = m.attention_maps("And God said", layers=[0], heads=[1])
+    assert len(one["maps"]) == 1 and np.array_equal(one["maps"][0]["weights"][0], r["maps"][0]["weights"][1])
+    tr = qkv.Model.load(models["translate"])
+    t = tr.attention_maps("six five", source="five six")
+    kinds = sorted({(mp["stack"], mp["kind"]) for mp in t["maps"]})
+    assert kinds == [("decoder", "cross"), ("decoder", "self"), ("encoder", "self")]
+    cross = [mp for mp in t["maps"] if mp["kind"] == "cross"][0]["weights"]
+    assert cross.shape[1:] == (len(t["ids"]), len(t["source_ids"]))
+    with pytest.raises(qkv.Error, match="source"):
+        tr.attention_maps("six five")
+
+
 def test_bad_input_raises_qkv_errors(models, tmp_path):
     with pytest.raises(qkv.Error, match="nope"):
         qkv.Model.load(str(tmp_path / "nope"))
