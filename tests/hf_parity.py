@@ -866,6 +866,15 @@ def bert_text_case(ck, name, cfg, head, seed):
                 worst = max(worst, abs(c["prob"] - want) / want)
         ck.report(len(res["masks"]) == 2 and same and worst <= LOGITS_TOL, name + " fill-mask",
                   "2 masks: top-5 ids %s, worst probability error %.2e" % ("equal" if same else "differ", worst))
+        try:  # the Python module, when this build has one (PYTHONPATH=build/python): the command's answer
+            import qkv as qkv_python
+        except ImportError:
+            qkv_python = None
+        if qkv_python is not None:
+            got = qkv_python.Model.load(folder).fill_mask(text, top_k=5)
+            want = [[(c["id"], c["token"], c["sequence"], c["prob"]) for c in m["top"]] for m in res["masks"]]
+            have = [[(c["id"], c["token"], c["sequence"], c["prob"]) for c in m] for m in got]
+            ck.report(have == want, name + " fill-mask from Python (import qkv) is the command's", "%s vs %s" % (have, want))
         embedding_check(ck, name, folder, W, cfg, idx)
         # refusals: no mask in the text, a bad --top-k, a model that is not a masked-language model
         for args, needle in ((["--text", "word1 word2"], "no mask token [MASK]"),

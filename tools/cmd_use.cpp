@@ -456,36 +456,21 @@ Runner add_fill_mask(CLI::App& app) {
       check(!at.empty(), "'", line, "': no mask token ", tok->piece(mask), " in the text",
             limit > 0 ? detail::concat(" (or not within the model's ", limit, " positions)") : std::string());
       const Tensor z = logits_of(m, ids);  // (1, T, V)
-      const int64_t V = z.size(-1), K = std::min<int64_t>(o->top_k, V);
+      const std::vector<std::vector<TokenChoice>> top = top_tokens(z, at, o->top_k, "--model " + o->model);
       nlohmann::json masks = nlohmann::json::array();
       if (!o->json) std::printf("%s\n", line.c_str());
       for (size_t k = 0; k < at.size(); ++k) {
-        const float* row = z.data<float>() + static_cast<int64_t>(at[k]) * V;
-        // p <- softmax(row), max subtracted first; the K most probable, by logit then id
-        double mx = -INFINITY;
-        for (int64_t v = 0; v < V; ++v) {
-          check(std::isfinite(row[v]), "--model ", o->model, ": the model's logits are not finite (token ", v, " is ",
-                row[v], "): its weights hold NaN or infinity, or its activations overflow");
-          mx = std::max(mx, static_cast<double>(row[v]));
-        }
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-        std::vector<int32_t> best(static_cast<size_t>(V));
-        for (int64_t v = 0; v < V; ++v) best[static_cast<size_t>(v)] = static_cast<int32_t>(v);
-        std::partial_sort(best.begin(), best.begin() + K, best.end(),
-                          [&](int32_t a, int32_t b2) { return row[a] != row[b2] ? row[a] > row[b2] : a < b2; });
         nlohmann::json cands = nlohmann::json::array();
         if (!o->json && at.size() > 1) std::printf("  mask %zu of %zu (token %zu):\n", k + 1, at.size(), at[k]);
-        for (int64_t r = 0; r < K; ++r) {
-          const int32_t id = best[static_cast<size_t>(r)];
-          const double p = std::exp(static_cast<double>(row[id]) - mx) / sum;
+        for (size_t r = 0; r < top[k].size(); ++r) {
+          const auto [id, logit, p] = top[k][r];
           // the token as text, and the text with this mask filled (as the pipeline shows them)
           const std::string word = id < tok->vocab_size() ? tok->decode({id}) : "<id " + std::to_string(id) + ">";
           std::vector<int32_t> filled = ids;
           filled[at[k]] = id < tok->vocab_size() ? id : mask;
           const std::string seq = tok->decode(filled);
           if (o->json) {
-            cands.push_back({{"id", id}, {"token", word}, {"logit", row[id]}, {"prob", p}, {"sequence", seq}});
+            cands.push_back({{"id", id}, {"token", word}, {"logit", logit}, {"prob", p}, {"sequence", seq}});
           } else {
             std::printf("  %2lld  %.4f  %-16s  %s\n", static_cast<long long>(r + 1), p, word.c_str(), seq.c_str());
           }

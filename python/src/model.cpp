@@ -201,6 +201,50 @@ void bind_model(py::module_& m) {
           },
           py::arg("texts"), "(label, probability) of each text")
       .def(
+          "fill_mask",
+          [](const PyModel& p, const std::string& text, int64_t top_k) {
+            // qkv fill-mask's answer: for each mask token, the top_k tokens with their probabilities
+            check(p.model->config().arch == Arch::EncoderMLM, "fill_mask: ", p.path, " is a ",
+                  arch_name(p.model->config().arch), " model; fill_mask needs a masked-language model");
+            check(top_k >= 1, "fill_mask: top_k ", top_k, " (expected >= 1)");
+            const Tokenizer& tok = p.tokenizer();
+            const int32_t mask = tok.mask_id();
+            check(mask >= 0, "fill_mask: ", p.path, ": the tokenizer has no mask token");
+            const ModelConfig& c = p.model->config();
+            const std::vector<int32_t> ids =
+                encode_input(tok, text, c.positional == Positional::Learned ? c.max_len : 0);
+            std::vector<size_t> at;
+            for (size_t i = 0; i < ids.size(); ++i)
+              if (ids[i] == mask) at.push_back(i);
+            check(!at.empty(), "fill_mask: no mask token ", tok.piece(mask), " in '", text, "'");
+            Tensor z;
+            {
+              py::gil_scoped_release nogil;
+              z = logits_of(*p.model, ids);
+            }
+            py::list out;
+            const std::vector<std::vector<TokenChoice>> top = top_tokens(z, at, top_k, p.path);
+            for (size_t k = 0; k < at.size(); ++k) {
+              py::list cands;
+              for (const TokenChoice& t : top[k]) {
+                std::vector<int32_t> filled = ids;
+                filled[at[k]] = t.id < tok.vocab_size() ? t.id : mask;
+                py::dict d;
+                d["id"] = t.id;
+                d["token"] = t.id < tok.vocab_size() ? tok.decode({t.id}) : "<id " + std::to_string(t.id) + ">";
+                d["prob"] = t.prob;
+                d["logit"] = t.logit;
+                d["sequence"] = tok.decode(filled);
+                cands.append(d);
+              }
+              out.append(cands);
+            }
+            return out;
+          },
+          py::arg("text"), py::kw_only(), py::arg("top_k") = 5,
+          "For each mask token of the text ([MASK]), the top_k tokens: [{'id', 'token', 'prob', 'logit', "
+          "'sequence'}] (qkv fill-mask's answer)")
+      .def(
           "attention_maps",
           [](const PyModel& p, const py::handle& text, const py::object& source, const py::object& layers,
              const py::object& heads) {

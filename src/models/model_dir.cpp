@@ -2,8 +2,10 @@
 #include "models/model_dir.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -109,6 +111,35 @@ TaskInfo model_task_info(const std::string& dir) {
                                  " has no task of qkv's (generate, translate, classify); use qkv forward or fill-mask"));
   }
   return t;
+}
+
+std::vector<std::vector<TokenChoice>> top_tokens(const Tensor& logits, const std::vector<size_t>& at, int64_t k,
+                                                 const std::string& model) {
+  const int64_t V = logits.size(-1), T = logits.numel() / std::max<int64_t>(V, 1), K = std::min<int64_t>(k, V);
+  std::vector<std::vector<TokenChoice>> out;
+  for (size_t pos : at) {
+    check(static_cast<int64_t>(pos) < T, "top_tokens: position ", pos, " is outside the ", T, " positions");
+    const float* row = logits.data<float>() + static_cast<int64_t>(pos) * V;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < V; ++v) {
+      check(std::isfinite(row[v]), model, ": the model's logits are not finite (token ", v, " is ", row[v],
+            "): its weights hold NaN or infinity, or its activations overflow");
+      mx = std::max(mx, static_cast<double>(row[v]));
+    }
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+    std::vector<int32_t> best(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) best[static_cast<size_t>(v)] = static_cast<int32_t>(v);
+    std::partial_sort(best.begin(), best.begin() + K, best.end(),
+                      [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    std::vector<TokenChoice> top;
+    for (int64_t r = 0; r < K; ++r) {
+      const int32_t id = best[static_cast<size_t>(r)];
+      top.push_back({id, row[id], std::exp(static_cast<double>(row[id]) - mx) / sum});
+    }
+    out.push_back(std::move(top));
+  }
+  return out;
 }
 
 Tensor logits_of(const Model& model, const std::vector<int32_t>& ids) {

@@ -50,6 +50,17 @@ std::vector<int32_t> source_ids(const Tokenizer& tok, std::vector<int32_t> ids);
 // A classifier's input: encode_input cut to max_len, and eos for a text with no tokens at all.
 std::vector<int32_t> classifier_ids(const Tokenizer& tok, std::string_view text, int64_t max_len);
 
+// The `k` most probable tokens at each position of `at` in logits (1, T, V): softmax in double
+// (the maximum subtracted first), ordered by logit, ties by id. Throws qkv::Error naming `model`
+// when a logit is not finite.
+struct TokenChoice {
+  int32_t id = 0;
+  float logit = 0;
+  double prob = 0;
+};
+std::vector<std::vector<TokenChoice>> top_tokens(const Tensor& logits, const std::vector<size_t>& at, int64_t k,
+                                                 const std::string& model);
+
 // The text of a generated sequence: its tokens up to the end-of-sequence token that ends it.
 std::string output_text(const Tokenizer& tok, std::vector<int32_t> tokens);
 
