@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,11 +26,20 @@ struct PyModel {
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tok;
   TaskInfo info;
+  mutable std::mutex mu;  // one call computes on the model at a time (Busy)
 
   const Tokenizer& tokenizer() const {
     if (!tok) throw Error(detail::concat(path, ": the model has no tokenizer; pass token ids"));
     return *tok;
   }
+};
+
+// Held while a call computes: the GIL released (other Python threads run), then the model's lock
+// taken, so two threads calling one model wait for each other instead of sharing its state.
+struct Busy {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock;
+  explicit Busy(const PyModel& p) : lock(p.mu) {}
 };
 
 // A prompt given as text or as token ids.
@@ -64,7 +74,7 @@ void bind_model(py::module_& m) {
             auto p = std::make_unique<PyModel>();
             p->path = path;
             {
-              py::gil_scoped_release nogil;
+              py::gil_scoped_release nogil;  // a new model: nobody else holds it
               p->model = std::make_unique<Model>(load_model(path, dtype));
             }
             try {
@@ -112,7 +122,7 @@ void bind_model(py::module_& m) {
             const std::vector<int32_t> row = ids_of(p, ids, false);
             Tensor z;
             {
-              py::gil_scoped_release nogil;
+              Busy busy(p);
               z = logits_of(*p.model, row);
             }
             return numpy_of(z);
@@ -135,7 +145,7 @@ void bind_model(py::module_& m) {
             if (p.tok) g.sampling.vocab_limit = p.tok->vocab_size();
             std::vector<Generation> out;
             {
-              py::gil_scoped_release nogil;
+              Busy busy(p);
               out = generate(*p.model, {ids}, g);
             }
             if (text) return py::object(py::str(output_text(*p.tok, out[0].tokens)));
@@ -166,7 +176,7 @@ void bind_model(py::module_& m) {
               g.max_new_tokens = std::min(g.max_new_tokens, p.model->config().max_len);
             std::vector<Generation> out;
             {
-              py::gil_scoped_release nogil;
+              Busy busy(p);
               out = translate(*p.model, src, g);
             }
             std::vector<std::string> r;
@@ -187,7 +197,7 @@ void bind_model(py::module_& m) {
               const std::vector<int32_t> ids = classifier_ids(p.tokenizer(), t, p.info.max_len);
               Tensor z;
               {
-                py::gil_scoped_release nogil;
+                Busy busy(p);
                 z = logits_of(*p.model, ids);
               }
               const int64_t C = z.size(-1);
@@ -219,7 +229,7 @@ void bind_model(py::module_& m) {
             check(!at.empty(), "fill_mask: no mask token ", tok.piece(mask), " in '", text, "'");
             Tensor z;
             {
-              py::gil_scoped_release nogil;
+              Busy busy(p);
               z = logits_of(*p.model, ids);
             }
             py::list out;
@@ -277,7 +287,7 @@ void bind_model(py::module_& m) {
             }
             AttentionTrace trace;
             {
-              py::gil_scoped_release nogil;
+              Busy busy(p);
               trace = trace_attention(*p.model, b);
             }
             const auto wanted = [](const py::object& sel, int64_t i) {

@@ -120,3 +120,18 @@ def test_bad_input_raises_qkv_errors(models, tmp_path):
         m.translate(["x"])
     with pytest.raises(qkv.Error, match="dtype"):
         qkv.Model.load(models["lm"], dtype="int3")
+
+
+def test_threads_share_a_model_safely(models):
+    # the GIL is released while a model computes; calls on one model from two threads take turns
+    import threading
+    m = qkv.Model.load(models["lm"])
+    want = m.generate("And God", max_new_tokens=16, temperature=0)
+    got = []
+    ts = [threading.Thread(target=lambda: got.append(m.generate("And God", max_new_tokens=16, temperature=0)))
+          for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got == [want] * 4
