@@ -51,7 +51,9 @@ Tensor tensor_of(const py::handle& obj, DType dtype, const char* name) {
                          ", got dtype " + py::str(given.dtype()).cast<std::string>());
   const py::dtype want = numpy_dtype(dtype);
   py::array arr = given;
-  if (!given.dtype().is(want) || !(given.flags() & py::array::c_style)) {
+  // (an array over a buffer at an odd offset is not aligned to its items: copied too)
+  if (!given.dtype().is(want) || !(given.flags() & py::array::c_style) ||
+      !given.attr("flags").attr("aligned").cast<bool>()) {
     // a C-contiguous copy in the wanted type (NumPy's own conversion)
     arr = py::module_::import("numpy").attr("array")(given, py::arg("dtype") = want, py::arg("order") = "C",
                                                        py::arg("copy") = true);

@@ -161,6 +161,9 @@ def test_float32_c_contiguous_input_is_read_in_place_and_results_wrap_qkv_memory
     assert qkv._qkv.input_copies() == before + 1
     qkv.attention(np.swapaxes(np.swapaxes(q, 2, 3).copy(), 2, 3), k, v)
     assert qkv._qkv.input_copies() == before + 2
+    odd = np.frombuffer(b"\0" + q.tobytes(), np.float32, count=q.size, offset=1).reshape(q.shape)  # unaligned
+    assert not odd.flags.aligned and np.array_equal(qkv.attention(odd, k, v), qkv.attention(q, k, v))
+    assert qkv._qkv.input_copies() == before + 3
 
 
 def test_the_gil_is_released_while_the_kernel_runs():
