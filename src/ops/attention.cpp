@@ -75,8 +75,8 @@ Prepared prepare(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, con
   p.q_shape = q_in.defined() ? q_in.shape() : std::vector<int64_t>{};
   // float64 runs on the float64 reference only (gradient checks in double precision)
   const DType dt = q_in.defined() && q_in.dtype() == DType::F64 ? DType::F64 : DType::F32;
-  check(dt == DType::F32 || spec.impl == AttentionImpl::Reference,
-        "q: float64 inputs run on the float64 reference only (impl = Reference); the other paths take float32");
+  check(dt == DType::F32 || spec.impl == AttentionImpl::Reference, "q: expected float32, got ", q_in.describe(),
+        " (float64 inputs run on the float64 reference only: impl = Reference)");
   p.q = as4d(q_in, "q", dt);
   p.k = as4d(k_in, "k", dt);
   p.v = as4d(v_in, "v", dt);
