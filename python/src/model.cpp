@@ -265,26 +265,14 @@ void bind_model(py::module_& m) {
             if (encdec) {
               check(!source.is_none(), "attention_maps: ", p.path, " translates: give the source text (source=...)");
               src = source_ids(p.tokenizer(), ids_of(p, source, false));
-              ids.push_back(static_cast<int32_t>(c.bos_id));
-              for (int32_t t : ids_of(p, text, false)) ids.push_back(t);
-            } else if (p.info.task == Task::Classify && py::isinstance<py::str>(text)) {
-              ids = classifier_ids(p.tokenizer(), text.cast<std::string>(), p.info.max_len);
+            }
+            if (py::isinstance<py::str>(text)) {
+              ids = trace_ids(p.tokenizer(), c, p.info, text.cast<std::string>());
             } else {
-              ids = ids_of(p, text, true);
+              ids = text.cast<std::vector<int32_t>>();  // as the model reads them
             }
             check(!ids.empty(), "attention_maps: the text has no tokens");
-            const auto as_tensor = [](const std::vector<int32_t>& v) {
-              Tensor t({1, static_cast<int64_t>(v.size())}, DType::I64);
-              std::copy(v.begin(), v.end(), t.data<int64_t>());
-              return t;
-            };
-            Batch b;
-            if (encdec) {
-              b.input = as_tensor(src);
-              b.decoder_input = as_tensor(ids);
-            } else {
-              b.input = as_tensor(ids);
-            }
+            const Batch b = trace_batch(ids, src);
             AttentionTrace trace;
             {
               Busy busy(p);

@@ -142,6 +142,32 @@ std::vector<std::vector<TokenChoice>> top_tokens(const Tensor& logits, const std
   return out;
 }
 
+std::vector<int32_t> trace_ids(const Tokenizer& tok, const ModelConfig& c, const TaskInfo& info, std::string_view text) {
+  if (c.arch == Arch::EncoderDecoder) {
+    std::vector<int32_t> ids = {static_cast<int32_t>(c.bos_id)};
+    for (int32_t t : tok.encode(text)) ids.push_back(t);
+    return ids;
+  }
+  if (info.task == Task::Classify) return classifier_ids(tok, text, info.max_len);
+  return prompt_ids(tok, text);
+}
+
+Batch trace_batch(const std::vector<int32_t>& ids, const std::vector<int32_t>& src) {
+  const auto row = [](const std::vector<int32_t>& v) {
+    Tensor t({1, static_cast<int64_t>(v.size())}, DType::I64);
+    std::copy(v.begin(), v.end(), t.data<int64_t>());
+    return t;
+  };
+  Batch b;
+  if (src.empty()) {
+    b.input = row(ids);
+  } else {
+    b.input = row(src);
+    b.decoder_input = row(ids);
+  }
+  return b;
+}
+
 Tensor logits_of(const Model& model, const std::vector<int32_t>& ids) {
   Batch b;
   b.input = Tensor({1, static_cast<int64_t>(ids.size())}, DType::I64);

@@ -61,6 +61,13 @@ struct TokenChoice {
 std::vector<std::vector<TokenChoice>> top_tokens(const Tensor& logits, const std::vector<size_t>& at, int64_t k,
                                                  const std::string& model);
 
+// What an attention trace of `text` feeds a model, as its commands build it: a translation
+// model's decoder input (bos, then the text's tokens), a classifier's input, a language model's
+// prompt. trace_batch: the batch trace_attention reads, one row (a translation model: `src`, made
+// with source_ids, as the encoder's input and `ids` as the decoder's).
+std::vector<int32_t> trace_ids(const Tokenizer& tok, const ModelConfig& c, const TaskInfo& info, std::string_view text);
+Batch trace_batch(const std::vector<int32_t>& ids, const std::vector<int32_t>& src);
+
 // The text of a generated sequence: its tokens up to the end-of-sequence token that ends it.
 std::string output_text(const Tokenizer& tok, std::vector<int32_t> tokens);
 

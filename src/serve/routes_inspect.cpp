@@ -45,19 +45,13 @@ void ServerImpl::attention(const http::Request& req, http::Response& res) {
   if (heads.empty())
     for (int64_t h = 0; h < c.n_heads; ++h) heads.push_back(h);
   // the token ids the model reads, as its own commands build them
-  Batch b;
-  std::vector<int32_t> src, ids;
+  std::vector<int32_t> src;
   if (encdec) {
     src = tok_->encode(source);
     if (src.empty()) bad("source", "'source' has no tokens");
     src = source_ids(*tok_, std::move(src));
-    ids.push_back(static_cast<int32_t>(c.bos_id));
-    for (int32_t t : tok_->encode(text)) ids.push_back(t);
-  } else if (info_.task == Task::Classify) {
-    ids = classifier_ids(*tok_, text, info_.max_len);
-  } else {
-    ids = prompt_ids(*tok_, text);
   }
+  const std::vector<int32_t> ids = trace_ids(*tok_, c, info_, text);
   const int64_t limit = c.positional == Positional::Learned ? c.max_len : sched_->options().max_len;
   for (const auto& [field, v] : {std::pair<const char*, const std::vector<int32_t>*>{"text", &ids}, {"source", &src}})
     if (static_cast<int64_t>(v->size()) > limit)
@@ -72,17 +66,7 @@ void ServerImpl::attention(const http::Request& req, http::Response& res) {
                                heads.size(), " heads of ", T, encdec ? detail::concat(" target and ", S, " source") : "",
                                " tokens); this server answers at most ", o_.max_attention,
                                " (--max-attention): ask for fewer 'layers' or 'heads', or a shorter text"));
-  const auto to_tensor = [](const std::vector<int32_t>& v) {
-    Tensor t({1, static_cast<int64_t>(v.size())}, DType::I64);
-    std::copy(v.begin(), v.end(), t.data<int64_t>());
-    return t;
-  };
-  if (encdec) {
-    b.input = to_tensor(src);
-    b.decoder_input = to_tensor(ids);
-  } else {
-    b.input = to_tensor(ids);
-  }
+  const Batch b = trace_batch(ids, src);
   const AttentionTrace trace = sched_->run([&b](const Model& m) { return trace_attention(m, b); }).get();
   Json maps = Json::array();
   constexpr int64_t kBlock = 64;  // query rows recomputed at a time
