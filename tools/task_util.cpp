@@ -16,12 +16,6 @@
 
 namespace qkv::cli {
 
-bool is_model_dir(const std::string& path) {
-  std::error_code ec;
-  return (std::filesystem::is_directory(path, ec) && std::filesystem::exists(path + "/config.json", ec)) ||
-         is_gguf_file(path);
-}
-
 int64_t RawData::size() const {
   return static_cast<int64_t>(pairs.size() + labeled.size() + lines.size());
 }

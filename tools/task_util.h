@@ -17,9 +17,6 @@
 
 namespace qkv::cli {
 
-// True for a model directory: qkv's or a Hugging Face folder (a directory with config.json).
-bool is_model_dir(const std::string& path);
-
 // A task's raw records: translate (source, target), classify (label, text), lm (text lines).
 struct RawData {
   std::vector<TextPair> pairs;

@@ -59,12 +59,8 @@ Tensor tensor_of(const py::handle& obj, DType dtype, const char* name) {
                                                        py::arg("copy") = true);
     ++g_input_copies;
   }
-  std::vector<int64_t> shape(static_cast<size_t>(arr.ndim())), strides(static_cast<size_t>(arr.ndim()));
-  for (py::ssize_t d = 0; d < arr.ndim(); ++d) {
-    shape[static_cast<size_t>(d)] = arr.shape(d);
-    strides[static_cast<size_t>(d)] = arr.shape(d) > 1 ? arr.strides(d) / arr.itemsize() : 0;
-  }
-  // contiguous strides for size-1 dimensions too (qkv checks a contiguous layout by its strides)
+  // C-contiguous by now: qkv's own contiguous strides (NumPy's may differ for size-1 dimensions)
+  std::vector<int64_t> shape(arr.shape(), arr.shape() + arr.ndim()), strides(shape.size());
   int64_t s = 1;
   for (size_t d = shape.size(); d-- > 0;) {
     strides[d] = s;

@@ -320,6 +320,8 @@ void Scheduler::step_once() {
   } catch (const Error& err) {
     failure = err.what();
   }
+  const Clock::time_point now = Clock::now();  // every choice's token of this step
+  std::vector<double> gaps;                     // time per output token, recorded once below
   for (size_t i = 0; i < active_.size(); ++i) {
     Choice& ch = *active_[i];
     const CompletionRequest& r = ch.req->req;
@@ -337,11 +339,7 @@ void Scheduler::step_once() {
         e.finish = std::string("error: ") + err.what();
       }
       if (t >= 0) {
-        const Clock::time_point now = Clock::now();
-        {
-          std::lock_guard<std::mutex> stats(mu_);
-          tpot_.add(std::chrono::duration<double>(now - ch.last_token).count());
-        }
+        gaps.push_back(std::chrono::duration<double>(now - ch.last_token).count());
         ch.last_token = now;
         e = event_for(row, V, t, r.top_logprobs);
         ch.history.push_back(t);
@@ -361,6 +359,7 @@ void Scheduler::step_once() {
                 active_.end());
   report_slots();
   std::lock_guard<std::mutex> lock(mu_);
+  for (double g : gaps) tpot_.add(g);
   active_count_ = static_cast<int64_t>(active_.size());
 }
 

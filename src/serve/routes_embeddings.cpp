@@ -62,7 +62,6 @@ void ServerImpl::load_embedding_setup() {
         if (c.contains(key) && c[key] == true) modes.push_back(name);
       if (modes.size() == 1 && (modes[0] == "mean" || modes[0] == "cls" || modes[0] == "last")) {
         pooling_ = modes[0];
-        pooling_from_ = cfg.string();
       } else if (o_.embedding_pooling.empty()) {
         std::string list;
         for (const std::string& m : modes) list += (list.empty() ? "" : ", ") + m;
@@ -71,7 +70,7 @@ void ServerImpl::load_embedding_setup() {
       }
     }
   }
-  if (!o_.embedding_pooling.empty()) pooling_ = o_.embedding_pooling, pooling_from_ = "--embedding-pooling";
+  if (!o_.embedding_pooling.empty()) pooling_ = o_.embedding_pooling;
 }
 
 // OpenAI's embeddings: {"input": a string, a list of strings, a list of token ids or a list of

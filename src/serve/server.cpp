@@ -93,7 +93,6 @@ ServerImpl::ServerImpl(const ServerOptions& o) : o_(o), http_(limits(o), transpo
 // on_listen with the address (qkv serve prints it on standard output).
 int ServerImpl::run(const std::atomic<bool>& stop, const std::function<void(const std::string&)>& on_listen) {
   const int port = http_.bind(o_.host, o_.port);
-  port_ = port;
   std::fprintf(stderr, "qkv serve: %s (%s, %s, %s weights) on http://%s:%d/  (%lld slots, queue %lld)\n",
                o_.model.c_str(), task_label(), arch_name(model_->config().arch),
                wtype_name(model_->weight_type()), o_.host.c_str(), port, static_cast<long long>(o_.slots),

@@ -121,7 +121,6 @@ class ServerImpl {
   int64_t created_ = 0;  // the model's modification time, seconds since 1970
   std::unique_ptr<Scheduler> sched_;
   http::Server http_;
-  int port_ = 0;
   std::atomic<bool> draining_{false}, stopped_{false};
   std::atomic<int64_t> next_id_{0};
   // --metrics: counters since the start
@@ -133,7 +132,7 @@ class ServerImpl {
   std::string chat_error_;
   std::mutex trie_mu_;
   std::shared_ptr<const TokenTrie> trie_;  // the vocabulary for structured output, built on first use
-  std::string pooling_ = "mean", pooling_from_;  // /v1/embeddings: mean, cls or last, and who said so
+  std::string pooling_ = "mean";  // /v1/embeddings: mean, cls or last
   bool normalize_ = false;
   std::string embedding_error_;  // a folder's pooling qkv does not do
   bool encoder_only_ = false;    // a Hugging Face encoder: embeddings and attention, no task route
