@@ -1,5 +1,5 @@
 // train.json as `qkv train --resume` reads it back (tools/train_json.cpp).
-#include "train_json.h"
+#include "train/train_json.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 
 #include "error_testing.h"
 
-namespace qkv::cli {
+namespace qkv {
 namespace {
 
 using testing::error_of;
@@ -105,4 +105,4 @@ TEST(TrainJson, ErrorsNameTheFileAndKey) {
 }
 
 }  // namespace
-}  // namespace qkv::cli
+}  // namespace qkv

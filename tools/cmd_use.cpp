@@ -24,7 +24,7 @@
 #include "qkv/tokenizer.h"
 #include "qkv/viz.h"
 #include "task_util.h"
-#include "train_json.h"
+#include "train/train_json.h"
 
 namespace qkv::cli {
 namespace {

@@ -23,3 +23,4 @@
 #include "qkv/signals.h"
 #include "qkv/tensor.h"
 #include "qkv/train.h"
+#include "qkv/train_run.h"

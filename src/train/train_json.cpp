@@ -1,5 +1,5 @@
 // train.json, read back by `qkv train --resume` (the rules are in train_json.h).
-#include "train_json.h"
+#include "train/train_json.h"
 
 #include <cmath>
 #include <nlohmann/json.hpp>
@@ -8,7 +8,7 @@
 #include "io/json_strict.h"
 #include "qkv/error.h"
 
-namespace qkv::cli {
+namespace qkv {
 namespace {
 
 using json = nlohmann::json;
@@ -111,4 +111,4 @@ void read_train_json(const std::string& text, const std::string& path, RunOption
   o = r;
 }
 
-}  // namespace qkv::cli
+}  // namespace qkv

@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
-namespace qkv::cli {
+#include "qkv/train_run.h"
+
+namespace qkv {
 
 // A data file as the run found it when it started: its size and a 64-bit FNV-1a hash of its bytes.
 struct DataFile {
@@ -15,14 +17,8 @@ struct DataFile {
   std::string fnv1a64;  // 16 lowercase hex digits
 };
 
-struct RunOptions {
-  std::string task = "translate", data, source, target, train_only, preset = "tiny";
-  int64_t max_tokens = 0, max_len = 0, eval_every = 0;  // 0: the preset's (eval_every: every epoch)
-  int64_t average = 0;  // checkpoint averaging over the last N validations (0: off)
-  double valid_fraction = 0.02, test_fraction = 0.02;
-  double train_only_ratio = 0;  // 0: every --train-only record every epoch
-  double subword_alpha = 0;     // subword sampling (0: off)
-  uint64_t seed = 1;
+// TrainOptions (qkv/train_run.h) with what train.json records about the run besides them.
+struct RunOptions : TrainOptions {
   std::vector<DataFile> data_files;  // as read back ("data_files"); written by qkv train
   bool data_files_given = false;     // train.json has "data_files" (older ones do not)
   // As read back, never applied: the run's --init ("init") and the size of the tokenizer it
@@ -42,4 +38,4 @@ struct RunOptions {
 // {"path": string, "bytes": integer, "fnv1a64": 16 hex digits}.
 void read_train_json(const std::string& text, const std::string& path, RunOptions& o);
 
-}  // namespace qkv::cli
+}  // namespace qkv
