@@ -10,13 +10,19 @@
     m = qkv.Model.load("models/tiny")            # qkv's directory, a Hugging Face folder, a GGUF file
     m.generate("And God said", max_new_tokens=20, temperature=0)
 
+    qkv.train(task="lm", data="kjv.txt", out="models/kjv", preset="tiny", minutes=2,
+              progress=lambda p: print(p["step"], p["loss"]))
+
 PyTorch: qkv.torch (autograd.Function, scaled_dot_product_attention, an nn.Module). Every
 function: docs/python.md. Errors from qkv are qkv.Error (a ValueError) carrying qkv's message.
 """
 from . import _qkv
+import os as _os
+import sys as _sys
+
 from ._qkv import Error, Model, alibi_slopes, num_threads, set_num_threads
 
-__all__ = ["attention", "attention_backward", "attention_weights", "alibi_slopes", "Model", "Error",
+__all__ = ["attention", "attention_backward", "attention_weights", "alibi_slopes", "Model", "Error", "train",
            "num_threads", "set_num_threads"]
 
 _SPEC_DOC = """
@@ -64,3 +70,54 @@ attention_backward.__doc__ = """(dq, dk, dv): the gradients of sum(out * dout), 
     options.""" + _SPEC_DOC
 attention_weights.__doc__ = """The attention weights of query rows [row_begin, row_end): (..., rows, Tk), recomputed from
     the saved lse a block of rows at a time (the full Tq x Tk matrix is never needed).""" + _SPEC_DOC
+
+
+def train(*, out, task=None, data=None, source=None, target=None, train_only=None, train_only_ratio=None,
+          subword_alpha=None, preset=None, config=None, init=None, tokenizer=None, vocab=None, spm_type=None,
+          steps=None, epochs=None, minutes=None, max_tokens=None, max_len=None, eval_every=None, lr=None,
+          warmup=None, dropout=None, label_smoothing=None, valid_fraction=None, test_fraction=None, seed=None,
+          precision=None, average=None, resume=None, parts=None, bucket_mb=None, progress=None, log=True):
+    """Trains a model as `qkv train` does, into the directory `out`; returns a dict of what the run did.
+
+    The options are the command's (`qkv train --help`), named as its flags with '_' for '-':
+    max_tokens is --max-tokens. An option left at None takes the command's default; an option the
+    run would not use (vocab with a given tokenizer, anything but the limits with resume=True) is
+    refused, as on the command line. Give a limit: steps, epochs or minutes.
+
+    progress: called after every step with a dict (step, epoch, loss, lr, tokens_per_s, elapsed_s,
+        fraction of the limit or None, evaluated, valid_loss or None, best); returning False stops
+        the run after that step with its checkpoint saved (resume=True continues it).
+    log: True prints the run's notes to sys.stderr ("qkv train: ..."), False is silent, a callable
+        gets each line.
+    An exception in a callback (Ctrl-C's KeyboardInterrupt included) stops the run the same way, then
+    is raised. Bad options or data raise qkv.Error naming the option or file before anything is
+    written. The model directory loads with qkv.Model.load(out).
+
+    Returns {"out", "steps" (in all), "start_step" (done before this call, by the run it resumed),
+    "epochs", "seconds" (this call's), "parameters", "best_valid_loss", "last_valid_loss" (None
+    without a validation split), "interrupted", "stopped_before_training", "averaged",
+    "averaged_valid_loss", "averaged_kept"}.
+    """
+    options = {k: v for k, v in dict(
+        out=out, task=task, data=data, source=source, target=target, train_only=train_only,
+        train_only_ratio=train_only_ratio, subword_alpha=subword_alpha, preset=preset, config=config, init=init,
+        tokenizer=tokenizer, vocab=vocab, spm_type=spm_type, steps=steps, epochs=epochs, minutes=minutes,
+        max_tokens=max_tokens, max_len=max_len, eval_every=eval_every, lr=lr, warmup=warmup, dropout=dropout,
+        label_smoothing=label_smoothing, valid_fraction=valid_fraction, test_fraction=test_fraction, seed=seed,
+        precision=precision, average=average, resume=resume, parts=parts, bucket_mb=bucket_mb).items()
+        if v is not None}
+    options = {k: _os.fspath(v) if k in _PATH_OPTIONS and hasattr(v, "__fspath__") else v for k, v in options.items()}
+    if log is True:
+        def log(line):
+            print("qkv train: " + line, file=_sys.stderr, flush=True)
+    elif log is False or log is None:
+        def log(line):
+            pass
+    elif not callable(log):
+        raise TypeError("log: expected True, False or a callable, got " + type(log).__name__)
+    if progress is not None and not callable(progress):
+        raise TypeError("progress: expected a callable, got " + type(progress).__name__)
+    return _qkv.train(options, progress, log)
+
+
+_PATH_OPTIONS = {"out", "data", "source", "target", "train_only", "config", "init", "tokenizer"}

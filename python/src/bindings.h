@@ -27,5 +27,6 @@ py::array numpy_of(const Tensor& t);
 
 void bind_attention(py::module_& m);
 void bind_model(py::module_& m);
+void bind_train(py::module_& m);
 
 }  // namespace qkv::python

@@ -93,4 +93,5 @@ PYBIND11_MODULE(_qkv, m) {
   m.def("num_threads", &qkv::num_threads);
   qp::bind_attention(m);
   qp::bind_model(m);
+  qp::bind_train(m);
 }

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
@@ -661,9 +662,49 @@ int prepare(Options& o, const std::atomic<bool>* stop, const Communicator* comm,
   return 0;
 }
 
+// The ranges `qkv train --help` gives, for every caller (the command line checks them as it
+// parses; Python's qkv.train and C++ callers get them here). 0 (-1 for warmup, dropout and label
+// smoothing) is "the default" where the option has one.
+void check_ranges(const TrainOptions& o) {
+  auto whole = [](const char* flag, int64_t v, int64_t lo, int64_t hi, bool zero_is_default) {
+    check((zero_is_default && v == 0) || (v >= lo && v <= hi), flag, " ", v, ": expected ",
+          zero_is_default ? "0 (the default) or " : "", "an integer from ", lo, " to ", hi);
+  };
+  auto number = [](const char* flag, double v, double lo, double hi, double default_value) {
+    check(v == default_value || (std::isfinite(v) && v >= lo && v <= hi), flag, " ", v, ": expected ",
+          std::isfinite(default_value) ? detail::concat(default_value, " (the default) or ") : std::string(),
+          "a number from ", lo, " to ", hi);
+  };
+  const double none = std::numeric_limits<double>::quiet_NaN();
+  check(!o.out.empty(), "--out: the model directory to write is required");
+  check(o.spm_type == "unigram" || o.spm_type == "bpe", "--spm-type ", o.spm_type, ": expected unigram or bpe");
+  check(o.precision == "f32" || o.precision == "bf16" || o.precision == "auto", "--precision ", o.precision,
+        ": expected f32, bf16 or auto");
+  whole("--average", o.average, 0, 1000, false);
+  whole("--vocab", o.vocab, 300, 1000000, true);
+  whole("--steps", o.steps, 1, int64_t{1} << 40, true);
+  whole("--epochs", o.epochs, 1, 1000000, true);
+  whole("--max-tokens", o.max_tokens, 1, 1 << 24, true);
+  whole("--max-len", o.max_len, 2, 1 << 20, true);
+  whole("--eval-every", o.eval_every, 1, 1 << 30, true);
+  check(o.warmup == -1 || (o.warmup >= 1 && o.warmup <= (1 << 30)), "--warmup ", o.warmup,
+        ": expected -1 (the preset's) or an integer from 1 to ", 1 << 30);
+  whole("--parts", o.parts, 1, 4096, false);
+  number("--train-only-ratio", o.train_only_ratio, 0.001, 1000, 0);
+  number("--subword-alpha", o.subword_alpha, 0, 1, none);
+  number("--minutes", o.minutes, 0.01, 1e6, 0);
+  number("--lr", o.lr, 1e-6, 1e3, 0);
+  number("--dropout", o.dropout, 0, 0.9, -1);
+  number("--label-smoothing", o.label_smoothing, 0, 0.5, -1);
+  number("--valid-fraction", o.valid_fraction, 0, 0.5, none);
+  number("--test-fraction", o.test_fraction, 0, 0.5, none);
+  number("--bucket-mb", o.bucket_mb, 0.001, 1024, none);
+}
+
 }  // namespace
 
 TrainResult train_model(TrainOptions options, const TrainHooks& hooks) {
+  check_ranges(options);
   Options o;
   static_cast<TrainOptions&>(o) = std::move(options);
   const Say say(hooks.log);
