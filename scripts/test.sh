@@ -27,7 +27,7 @@ echo "== core tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DQKV_SANITIZE=ON -DQKV_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-asan -j "$jobs" --target test_core test_attention test_kernels_train test_kernels_layers test_kernels_misc \
    test_io test_nn test_train test_checkpoint_kill test_generate test_scheduler test_task test_data test_tokenizer test_hf_tokenizer test_metrics test_viz \
-   test_train_json test_quant test_chat_template test_json_constraint
+   test_train_json test_train_run test_quant test_chat_template test_json_constraint
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
    ctest --output-on-failure -j "$jobs" -L core --timeout 1800)
 echo "== fuzz targets (libFuzzer, clang-16, ASan + UBSan): regressions, then 10 s of fuzzing each"

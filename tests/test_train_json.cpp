@@ -1,4 +1,4 @@
-// train.json as `qkv train --resume` reads it back (tools/train_json.cpp).
+// train.json as `qkv train --resume` reads it back (src/train/train_json.cpp).
 #include "train/train_json.h"
 
 #include <gtest/gtest.h>
