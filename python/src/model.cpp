@@ -51,10 +51,31 @@ std::vector<int32_t> ids_of(const PyModel& m, const py::handle& x, bool lm_promp
   return x.cast<std::vector<int32_t>>();
 }
 
+// Token ids as an int64 tensor: an integer array (or nested lists of ints), `rank` dimensions.
+Tensor ids_tensor(const py::handle& x, int64_t rank, const char* name) {
+  const py::array a = py::array::ensure(x);
+  if (!a) throw py::type_error(std::string(name) + ": expected token ids (an integer array or lists of ints)");
+  const char kind = a.dtype().kind();
+  if (a.size() > 0 && kind != 'i' && kind != 'u')
+    throw py::type_error(std::string(name) + ": expected integer token ids, got dtype " +
+                         py::str(a.dtype()).cast<std::string>());
+  if (a.ndim() != rank)
+    throw py::value_error(std::string(name) + ": expected " + std::to_string(rank) + " dimensions, got " +
+                          std::to_string(a.ndim()));
+  return tensor_of(a.size() > 0 ? py::object(a) : py::object(py::array_t<int64_t>(std::vector<py::ssize_t>(
+                                                       a.shape(), a.shape() + a.ndim()))),
+                   DType::I64, name);
+}
+
 SamplingConfig sampling_of(double temperature, int64_t top_k, double top_p, double repetition_penalty, uint64_t seed) {
   SamplingConfig s;
-  if (!std::isfinite(temperature) || temperature < 0)
-    throw py::value_error("temperature: " + std::to_string(temperature) + "; expected >= 0 (0: greedy)");
+  // qkv generate's ranges
+  check(temperature == 0 || (std::isfinite(temperature) && temperature >= 1e-4 && temperature <= 100), "temperature ",
+        temperature, ": expected 0 (greedy) or a number from 0.0001 to 100");
+  check(top_k >= 0 && top_k <= (int64_t{1} << 30), "top_k ", top_k, ": expected 0 (off) to 2^30");
+  check(std::isfinite(top_p) && top_p >= 1e-6 && top_p <= 1, "top_p ", top_p, ": expected a number in [1e-6, 1]");
+  check(std::isfinite(repetition_penalty) && repetition_penalty >= 0.01 && repetition_penalty <= 100,
+        "repetition_penalty ", repetition_penalty, ": expected a number from 0.01 to 100 (1: off)");
   s.greedy = temperature == 0;
   s.temperature = static_cast<float>(temperature == 0 ? 1.0 : temperature);
   s.top_k = top_k;
@@ -118,75 +139,217 @@ void bind_model(py::module_& m) {
            py::arg("ids"), "The text of token ids (special tokens dropped)")
       .def(
           "forward",
-          [](const PyModel& p, const py::handle& ids) {
-            const std::vector<int32_t> row = ids_of(p, ids, false);
+          [](const PyModel& p, const py::handle& ids, const py::object& lengths, const py::object& decoder_input,
+             const py::object& target, double label_smoothing) -> py::object {
+            // one row (a text or a list of ids) or a batch (B, T) of right-padded rows, as qkv forward
+            Batch b;
+            const bool batch = py::isinstance<py::array>(ids) ? py::array::ensure(ids).ndim() == 2
+                                                              : !py::isinstance<py::str>(ids) && py::len(ids) > 0 &&
+                                                                    !py::isinstance<py::int_>(ids[py::int_(0)]);
+            if (batch) {
+              b.input = ids_tensor(ids, 2, "ids");
+            } else {
+              const std::vector<int32_t> row = ids_of(p, ids, false);
+              b.input = Tensor({1, static_cast<int64_t>(row.size())}, DType::I64);
+              std::copy(row.begin(), row.end(), b.input.data<int64_t>());
+            }
+            if (!lengths.is_none()) b.input_lengths = ids_tensor(lengths, 1, "lengths");
+            if (!decoder_input.is_none()) b.decoder_input = ids_tensor(decoder_input, 2, "decoder_input");
+            if (!target.is_none()) {
+              const py::array t = py::array::ensure(target);
+              b.target = ids_tensor(target, t ? t.ndim() : 1, "target");
+            }
+            if (!std::isfinite(label_smoothing) || label_smoothing < 0 || label_smoothing > 1)
+              throw py::value_error("label_smoothing: " + std::to_string(label_smoothing) + "; expected 0 to 1");
+            if (target.is_none() && label_smoothing != 0)
+              throw py::value_error("label_smoothing applies to the loss: give target too");
+            const ModelConfig& c = p.model->config();
+            if (c.arch == Arch::EncoderDecoder && !b.decoder_input.defined()) {
+              check(b.target.defined() && c.bos_id >= 0, "forward: ", p.path,
+                    " is an encoder-decoder: give decoder_input, or target and a bos_id in its config (the decoder "
+                    "input is then the target shifted right)");
+              b.decoder_input = shift_right(b.target, c.bos_id);
+            }
             Tensor z;
+            double loss = 0;
             {
               Busy busy(p);
-              z = logits_of(*p.model, row);
+              p.model->check_batch(b, {"ids", "lengths", "decoder_input", "target"});
+              Tape tape;
+              tape.recording = false;
+              const Var logits = p.model->logits(tape, b);
+              if (b.target.defined())
+                loss = p.model->loss(tape, logits, b, static_cast<float>(label_smoothing))->value.data<float>()[0];
+              z = logits->value;
             }
-            return numpy_of(z);
+            if (target.is_none()) return numpy_of(z);
+            return py::make_tuple(numpy_of(z), loss);
           },
-          py::arg("ids"),
-          "Logits for one row of token ids (or a text, encoded without special tokens): (1, T, V) for a "
-          "language or masked-language model, (1, C) for a classifier")
+          py::arg("ids"), py::kw_only(), py::arg("lengths") = py::none(), py::arg("decoder_input") = py::none(),
+          py::arg("target") = py::none(), py::arg("label_smoothing") = 0.0,
+          "Logits of one row of token ids (or a text, encoded without special tokens), (1, T, V), or of a batch "
+          "(B, T) of right-padded rows (lengths: their real lengths; default from pad_id), as qkv forward; a "
+          "classifier gives (B, C). With target (next tokens (B, T), or labels (B)): (logits, mean loss)")
       .def(
           "generate",
-          [](const PyModel& p, const py::handle& prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
-             double top_p, double repetition_penalty, uint64_t seed, int64_t beam_size) {
-            check(p.model->config().arch == Arch::Decoder, "generate: ", p.path, " is a ",
-                  arch_name(p.model->config().arch), " model, not a language model");
-            const bool text = py::isinstance<py::str>(prompt);
-            const std::vector<int32_t> ids = ids_of(p, prompt, true);
-            GenerateConfig g;
-            g.max_new_tokens = max_new_tokens;
-            g.sampling = sampling_of(temperature, top_k, top_p, repetition_penalty, seed);
-            g.beam_size = beam_size;
-            if (p.tok) g.sampling.vocab_limit = p.tok->vocab_size();
-            std::vector<Generation> out;
-            {
-              Busy busy(p);
-              out = generate(*p.model, {ids}, g);
+          [](const PyModel& p, const py::handle& prompt, int64_t max_new_tokens, double temperature,
+             std::optional<int64_t> top_k, std::optional<double> top_p, double repetition_penalty,
+             std::optional<uint64_t> seed, int64_t beam_size, std::optional<double> length_penalty,
+             int64_t n) -> py::object {
+            const ModelConfig& c = p.model->config();
+            check(c.arch == Arch::Decoder, "generate: ", p.path, " is a ", arch_name(c.arch),
+                  " model, not a language model");
+            check(max_new_tokens >= 1, "generate: max_new_tokens ", max_new_tokens, " (expected >= 1)");
+            check(beam_size >= 1 && beam_size <= 256, "generate: beam_size ", beam_size, " (expected 1 to 256)");
+            check(!length_penalty || std::isfinite(*length_penalty), "generate: length_penalty ", length_penalty.value_or(0),
+                  " (expected a number)");
+            check(n >= 1 && n <= 1000, "generate: n ", n, " (expected 1 to 1000)");
+            (void)sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty, 0);
+            const bool sample = temperature != 0;
+            // options that would be ignored are refused, as qkv generate refuses them
+            check(sample || (!top_k && !top_p && !seed), "generate: top_k, top_p and seed apply to sampling: give "
+                  "temperature > 0 (temperature=0 is greedy)");
+            check(beam_size > 1 || !length_penalty, "generate: length_penalty ranks beam search's hypotheses: give "
+                  "beam_size >= 2");
+            check(beam_size == 1 || repetition_penalty == 1.0, "generate: repetition_penalty applies to greedy "
+                  "decoding and sampling, not to beam search (beam_size ", beam_size, ")");
+            check(!sample || beam_size == 1, "generate: temperature ", temperature, " samples one token at a time; ",
+                  "beam_size ", beam_size, " searches (give temperature=0 with beam_size > 1)");
+            check(n == 1 || sample || beam_size >= n, "generate: n ", n,
+                  beam_size > 1 ? detail::concat(" with beam_size ", beam_size, ": beam search returns at most its ",
+                                                 beam_size, " best continuations")
+                                : std::string(": greedy decoding has one continuation (temperature > 0 samples n "
+                                              "different ones; beam_size >= n gives the n best)"));
+            // one prompt (a text or a list of ids) or a list of them
+            const bool many = !py::isinstance<py::str>(prompt) && py::len(prompt) > 0 &&
+                              !py::isinstance<py::int_>(prompt[py::int_(0)]);
+            std::vector<py::object> prompts;
+            if (many) {
+              for (const py::handle x : prompt) prompts.push_back(py::reinterpret_borrow<py::object>(x));
+            } else {
+              prompts.push_back(py::reinterpret_borrow<py::object>(prompt));
             }
-            if (text) return py::object(py::str(output_text(*p.tok, out[0].tokens)));
-            return py::object(py::cast(out[0].tokens));
+            py::list results;
+            for (const py::object& one : prompts) {
+              const bool text = py::isinstance<py::str>(one);
+              const std::vector<int32_t> ids = ids_of(p, one, true);
+              check(!ids.empty(), "generate: the prompt has no tokens");
+              GenerateConfig g;
+              g.max_new_tokens = max_new_tokens;
+              if (c.positional == Positional::Learned) {
+                // learned positions end at max_len: the prompt and its continuation must fit the table
+                const int64_t room = c.max_len - static_cast<int64_t>(ids.size()) + 1;
+                check(room >= 1, "generate: the prompt's ", ids.size(), " tokens do not fit the model's max_len ",
+                      c.max_len, " (its learned positions)");
+                g.max_new_tokens = std::min(g.max_new_tokens, room);
+              }
+              g.sampling = sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty,
+                                       seed.value_or(0));
+              g.beam_size = beam_size;
+              g.length_penalty = length_penalty.value_or(1.0);
+              if (beam_size > 1) g.num_return = n;
+              if (p.tok) g.sampling.vocab_limit = p.tok->vocab_size();
+              // n samples: the prompt n times, as qkv generate --sample -n N
+              const std::vector<std::vector<int32_t>> rows(static_cast<size_t>(sample ? n : 1), ids);
+              std::vector<Generation> out;
+              {
+                Busy busy(p);
+                out = generate(*p.model, rows, g);
+              }
+              py::list these;
+              for (const Generation& gen : out) {
+                if (text) {
+                  // prompt and continuation decoded together (a tokenizer may mark a word's start on the
+                  // token after it), then the prompt's own text taken off
+                  std::vector<int32_t> all = ids;
+                  all.insert(all.end(), gen.tokens.begin(), gen.tokens.end());
+                  const std::string whole = output_text(*p.tok, all), head = output_text(*p.tok, ids);
+                  these.append(py::str(whole.compare(0, head.size(), head) == 0 ? whole.substr(head.size())
+                                                                                : output_text(*p.tok, gen.tokens)));
+                } else {
+                  these.append(py::cast(gen.tokens));
+                }
+              }
+              results.append(n == 1 ? these[0] : py::object(these));
+            }
+            return many ? py::object(results) : py::object(results[0]);
           },
-          py::arg("prompt"), py::kw_only(), py::arg("max_new_tokens") = 64, py::arg("temperature") = 1.0,
-          py::arg("top_k") = 0, py::arg("top_p") = 1.0, py::arg("repetition_penalty") = 1.0, py::arg("seed") = 0,
-          py::arg("beam_size") = 1,
-          "Continues a prompt (text: the continuation's text; token ids: its ids); temperature 0 is greedy")
+          py::arg("prompt"), py::kw_only(), py::arg("max_new_tokens") = 64, py::arg("temperature") = 0.0,
+          py::arg("top_k") = py::none(), py::arg("top_p") = py::none(), py::arg("repetition_penalty") = 1.0,
+          py::arg("seed") = py::none(), py::arg("beam_size") = 1, py::arg("length_penalty") = py::none(),
+          py::arg("n") = 1,
+          "Continues a prompt (text: the continuation's text; token ids: its ids), or each prompt of a list; "
+          "temperature 0 is greedy; n > 1: a list of n continuations (samples, or beam search's n best)")
       .def(
           "translate",
-          [](const PyModel& p, const std::vector<std::string>& texts, int64_t beam_size,
-             std::optional<int64_t> max_new_tokens, double length_penalty) {
-            check(p.model->config().arch == Arch::EncoderDecoder, "translate: ", p.path, " is a ",
-                  arch_name(p.model->config().arch), " model, not a translation model");
-            std::vector<std::vector<int32_t>> src;
-            int64_t longest = 0;
-            for (const std::string& t : texts) {
-              src.push_back(source_ids(p.tokenizer(), p.tokenizer().encode(t)));
-              longest = std::max<int64_t>(longest, static_cast<int64_t>(src.back().size()));
+          [](const PyModel& p, const std::vector<std::string>& texts, std::optional<int64_t> beam_size,
+             std::optional<int64_t> max_new_tokens, std::optional<double> length_penalty, double temperature,
+             std::optional<int64_t> top_k, std::optional<double> top_p, double repetition_penalty,
+             std::optional<uint64_t> seed, int64_t batch) {
+            const ModelConfig& c = p.model->config();
+            check(c.arch == Arch::EncoderDecoder, "translate: ", p.path, " is a ", arch_name(c.arch),
+                  " model, not a translation model");
+            (void)sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty, 0);
+            const bool sample = temperature != 0;
+            // qkv translate's rules: sampling draws one token at a time (beam 1), the sampling options
+            // need it, beam search ranks by length_penalty and applies no repetition_penalty
+            const int64_t beam = beam_size.value_or(sample ? 1 : 4);
+            check(beam >= 1 && beam <= 256, "translate: beam_size ", beam, " (expected 1 to 256)");
+            check(!sample || beam == 1, "translate: temperature ", temperature, " samples one token at a time; ",
+                  "beam_size ", beam, " searches (leave beam_size out, or give temperature=0)");
+            check(sample || (!top_k && !top_p && !seed), "translate: top_k, top_p and seed apply to sampling: give "
+                  "temperature > 0");
+            check(beam > 1 || !length_penalty, "translate: length_penalty ranks beam search's hypotheses: give "
+                  "beam_size >= 2");
+            check(beam == 1 || repetition_penalty == 1.0, "translate: repetition_penalty applies to greedy decoding "
+                  "and sampling, not to beam search (beam_size ", beam, ")");
+            check(!length_penalty || (std::isfinite(*length_penalty) && std::fabs(*length_penalty) <= 100),
+                  "translate: length_penalty ", length_penalty.value_or(0), " (expected -100 to 100)");
+            check(!max_new_tokens || (*max_new_tokens >= 1 && *max_new_tokens <= (1 << 20)),
+                  "translate: max_new_tokens ", max_new_tokens.value_or(0), " (expected 1 to 2^20)");
+            check(batch >= 1 && batch <= 4096, "translate: batch ", batch, " (expected 1 to 4096)");
+            // as qkv translate: a text with no tokens translates to "" and is not decoded; the others
+            // in batches of `batch`, each decoding up to twice its longest source + 10 tokens
+            std::vector<std::string> out(texts.size());
+            std::vector<std::vector<int32_t>> ids(texts.size());
+            std::vector<size_t> rows;
+            for (size_t i = 0; i < texts.size(); ++i) {
+              ids[i] = p.tokenizer().encode(texts[i]);
+              if (ids[i].empty()) continue;
+              ids[i] = source_ids(p.tokenizer(), std::move(ids[i]));
+              rows.push_back(i);
             }
-            GenerateConfig g;
-            g.beam_size = beam_size;
-            g.length_penalty = length_penalty;
-            g.max_new_tokens = max_new_tokens ? *max_new_tokens : 2 * longest + 10;  // qkv translate's default
-            g.sampling.vocab_limit = p.tokenizer().vocab_size();
-            if (p.model->config().positional == Positional::Learned)
-              g.max_new_tokens = std::min(g.max_new_tokens, p.model->config().max_len);
-            std::vector<Generation> out;
-            {
-              Busy busy(p);
-              out = translate(*p.model, src, g);
+            for (size_t b0 = 0; b0 < rows.size(); b0 += static_cast<size_t>(batch)) {
+              const size_t b1 = std::min(rows.size(), b0 + static_cast<size_t>(batch));
+              std::vector<std::vector<int32_t>> src;
+              int64_t longest = 0;
+              for (size_t k = b0; k < b1; ++k) {
+                longest = std::max<int64_t>(longest, static_cast<int64_t>(ids[rows[k]].size()));
+                src.push_back(ids[rows[k]]);
+              }
+              GenerateConfig g;
+              g.max_new_tokens = max_new_tokens.value_or(2 * longest + 10);
+              if (c.positional == Positional::Learned) g.max_new_tokens = std::min(g.max_new_tokens, c.max_len);
+              g.beam_size = beam;
+              g.length_penalty = length_penalty.value_or(1.0);
+              g.sampling = sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty,
+                                       seed.value_or(0));
+              g.sampling.vocab_limit = p.tokenizer().vocab_size();
+              std::vector<Generation> gen;
+              {
+                Busy busy(p);
+                gen = translate(*p.model, src, g);
+              }
+              for (size_t k = b0; k < b1; ++k) out[rows[k]] = output_text(p.tokenizer(), gen[k - b0].tokens);
             }
-            std::vector<std::string> r;
-            for (const Generation& x : out) r.push_back(output_text(p.tokenizer(), x.tokens));
-            return r;
+            return out;
           },
-          py::arg("texts"), py::kw_only(), py::arg("beam_size") = 4, py::arg("max_new_tokens") = py::none(),
-          py::arg("length_penalty") = 1.0,
-          "Translates each text (beam search; beam_size 1 is greedy); max_new_tokens: default twice the longest "
-          "source + 10, as qkv translate")
+          py::arg("texts"), py::kw_only(), py::arg("beam_size") = py::none(), py::arg("max_new_tokens") = py::none(),
+          py::arg("length_penalty") = py::none(), py::arg("temperature") = 0.0, py::arg("top_k") = py::none(),
+          py::arg("top_p") = py::none(), py::arg("repetition_penalty") = 1.0, py::arg("seed") = py::none(),
+          py::arg("batch") = 16,
+          "Translates each text as qkv translate does: beam search (beam_size 4; 1 is greedy), or sampling with "
+          "temperature > 0; max_new_tokens: default twice the batch's longest source + 10; an empty text gives ''")
       .def(
           "classify",
           [](const PyModel& p, const std::vector<std::string>& texts) {

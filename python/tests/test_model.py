@@ -135,3 +135,84 @@ def test_threads_share_a_model_safely(models):
     for t in ts:
         t.join()
     assert got == [want] * 4
+
+
+def test_generate_takes_the_command_lines_options(models):
+    m = qkv.Model.load(models["lm"])
+    # n samples: qkv generate --sample -n 3 (the prompt three times, one seed)
+    got = m.generate("And God", max_new_tokens=10, temperature=0.8, top_k=20, seed=5, n=3)
+    want = cli("generate", "--model", models["lm"], "--prompt", "And God", "--max-len", "10", "--sample",
+               "--temperature", "0.8", "--top-k", "20", "--seed", "5", "-n", "3").splitlines()
+    assert isinstance(got, list) and len(got) == 3 and ["And God" + g for g in got] == want
+    # beam search's n best, ranked with a length penalty
+    got = m.generate("And God", max_new_tokens=10, beam_size=4, n=2, length_penalty=0.6)
+    want = cli("generate", "--model", models["lm"], "--prompt", "And God", "--max-len", "10", "--beam", "4", "-n",
+               "2", "--length-penalty", "0.6").splitlines()
+    assert ["And God" + g for g in got] == want
+    # a list of prompts: each as it would be alone
+    many = m.generate(["And God", "let there"], max_new_tokens=6)
+    assert many == [m.generate("And God", max_new_tokens=6), m.generate("let there", max_new_tokens=6)]
+    assert m.generate([m.encode("And"), m.encode("God")], max_new_tokens=3) == [
+        m.generate(m.encode("And"), max_new_tokens=3), m.generate(m.encode("God"), max_new_tokens=3)]
+    # greedy is the default, as on the command line
+    assert m.generate("And God", max_new_tokens=12) == m.generate("And God", max_new_tokens=12, temperature=0)
+    # options that would be ignored, or out of range, are refused
+    for kwargs, words in [(dict(top_k=5), "apply to sampling"), (dict(seed=3), "apply to sampling"),
+                          (dict(n=2), "greedy decoding has one continuation"),
+                          (dict(beam_size=2, n=3), "at most its 2 best"),
+                          (dict(length_penalty=0.5), "give beam_size >= 2"),
+                          (dict(beam_size=2, repetition_penalty=1.3), "not to beam search"),
+                          (dict(temperature=0.5, beam_size=2), "samples one token at a time"),
+                          (dict(temperature=float("nan")), "temperature nan"),
+                          (dict(temperature=0.5, top_p=0.0), "top_p 0"),
+                          (dict(max_new_tokens=0), "max_new_tokens 0")]:
+        with pytest.raises(qkv.Error, match=words):
+            m.generate("And", **kwargs)
+
+
+def test_translate_takes_the_command_lines_options(models):
+    tr = qkv.Model.load(models["translate"])
+    lines = ["one two three", "", "four five six", "seven eight nine"]
+    p = subprocess.run([QKV, "--threads", "2", "translate", "--model", models["translate"], "--sample", "--seed", "7",
+                        "--temperature", "0.7", "--batch", "2"], input="\n".join(lines) + "\n", capture_output=True,
+                       text=True, check=True)
+    got = tr.translate(lines, temperature=0.7, seed=7, batch=2)
+    assert got == p.stdout.split("\n")[:4] and got[1] == ""  # an empty line stays an empty line
+    p = subprocess.run([QKV, "--threads", "2", "translate", "--model", models["translate"], "--beam", "3",
+                        "--length-penalty", "0.5", "--max-len", "6"], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, check=True)
+    assert tr.translate(lines, beam_size=3, length_penalty=0.5, max_new_tokens=6) == p.stdout.split("\n")[:4]
+    for kwargs, words in [(dict(top_k=3), "apply to sampling"), (dict(temperature=0.5, beam_size=3), "samples one"),
+                          (dict(beam_size=1, length_penalty=0.7), "give beam_size >= 2"),
+                          (dict(repetition_penalty=1.2), "not to beam search"), (dict(batch=0), "batch 0")]:
+        with pytest.raises(qkv.Error, match=words):
+            tr.translate(lines, **kwargs)
+
+
+def test_forward_takes_a_batch_and_a_target_as_qkv_forward(models, tmp_path):
+    m = qkv.Model.load(models["lm"])
+    a, b = m.encode("And God said let"), m.encode("let there")
+    T = len(a)
+    ids = np.zeros((2, T), np.int64)
+    ids[0], ids[1, :len(b)] = a, b
+    lengths = np.array([T, len(b)], np.int64)
+    target = np.full((2, T), 0, np.int64)
+    target[0, :-1], target[1, :len(b) - 1] = a[1:], b[1:]
+    np.save(tmp_path / "ids.npy", ids)
+    np.save(tmp_path / "len.npy", lengths)
+    np.save(tmp_path / "tgt.npy", target)
+    line = cli("forward", "--model", models["lm"], "--input", str(tmp_path / "ids.npy"), "--lengths",
+               str(tmp_path / "len.npy"), "--target", str(tmp_path / "tgt.npy"), "--out", str(tmp_path / "z.npy"))
+    z, loss = m.forward(ids, lengths=lengths, target=target)
+    assert z.shape == (2, T, m.config["vocab_size"])
+    assert np.array_equal(z, np.load(tmp_path / "z.npy"))
+    assert ("loss %.9g" % loss) in line
+    # a row of the batch is that row alone, up to its length
+    alone = m.forward(b)
+    np.testing.assert_allclose(z[1, :len(b)], alone[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="integer token ids"):
+        m.forward(ids.astype(np.float32))
+    with pytest.raises(qkv.Error, match="lengths"):
+        m.forward(ids, lengths=np.array([T + 5, 1]))
+    with pytest.raises(ValueError, match="label_smoothing applies to the loss"):
+        m.forward(ids, label_smoothing=0.1)
