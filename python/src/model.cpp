@@ -88,6 +88,25 @@ SamplingConfig sampling_of(double temperature, int64_t top_k, double top_p, doub
 }  // namespace
 
 void bind_model(py::module_& m) {
+  py::class_<Tokenizer>(m, "Tokenizer", "A model's tokenizer (Model.tokenizer); lives as long as its model")
+      .def_property_readonly("type", &Tokenizer::type, "'byte', 'gpt2', 'sentencepiece', 'hf' or 'marian'")
+      .def_property_readonly("vocab_size", &Tokenizer::vocab_size)
+      .def_property_readonly("bos_id", &Tokenizer::bos_id, "-1: none")
+      .def_property_readonly("eos_id", &Tokenizer::eos_id, "-1: none")
+      .def_property_readonly("pad_id", &Tokenizer::pad_id, "-1: none")
+      .def_property_readonly("mask_id", &Tokenizer::mask_id, "-1: none")
+      .def("encode", [](const Tokenizer& t, const std::string& text) { return t.encode(text); }, py::arg("text"),
+           "The text's token ids (no special tokens)")
+      .def("decode", [](const Tokenizer& t, const std::vector<int32_t>& ids) { return t.decode(ids); },
+           py::arg("ids"), "The text of token ids (special tokens dropped)")
+      .def(
+          "piece",
+          [](const Tokenizer& t, int32_t id) {
+            check(id >= 0 && id < t.vocab_size(), "piece: id ", id, " is outside the vocabulary (0 to ",
+                  t.vocab_size() - 1, ")");
+            return py::bytes(t.piece(id));
+          },
+          py::arg("id"), "The token's piece as the tokenizer stores it (bytes: a piece may be part of a character)");
   py::class_<PyModel>(m, "Model", "A model directory (qkv's own, a Hugging Face folder) or a GGUF file")
       .def_static(
           "load",
@@ -133,6 +152,9 @@ void bind_model(py::module_& m) {
                                d["parameters"] = p.model->num_parameters();
                                return d;
                              })
+      .def_property_readonly(
+          "tokenizer", [](const PyModel& p) -> const Tokenizer& { return p.tokenizer(); },
+          py::return_value_policy::reference_internal, "The model's tokenizer (qkv.Error when it has none)")
       .def("encode", [](const PyModel& p, const std::string& text) { return p.tokenizer().encode(text); },
            py::arg("text"), "The text's token ids (no special tokens)")
       .def("decode", [](const PyModel& p, const std::vector<int32_t>& ids) { return p.tokenizer().decode(ids); },

@@ -216,3 +216,18 @@ def test_forward_takes_a_batch_and_a_target_as_qkv_forward(models, tmp_path):
         m.forward(ids, lengths=np.array([T + 5, 1]))
     with pytest.raises(ValueError, match="label_smoothing applies to the loss"):
         m.forward(ids, label_smoothing=0.1)
+
+
+def test_the_tokenizer_is_the_models_and_keeps_it_alive(models):
+    import gc
+    m = qkv.Model.load(models["translate"])
+    t = m.tokenizer
+    assert t.encode("one two three") == m.encode("one two three")
+    assert t.decode(t.encode("one two three")) == "one two three"
+    assert t.vocab_size <= m.config["vocab_size"] and t.eos_id >= 0 and t.type == "byte"  # trained with --tokenizer byte
+    assert all(isinstance(t.piece(i), bytes) for i in range(t.vocab_size))
+    with pytest.raises(qkv.Error, match="outside the vocabulary"):
+        t.piece(t.vocab_size)
+    del m
+    gc.collect()
+    assert t.decode(t.encode("four five")) == "four five"  # the tokenizer holds its model
