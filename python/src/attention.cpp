@@ -83,7 +83,7 @@ void bind_attention(py::module_& m) {
         const AttentionSpec s = spec_of(mask, bool_mask, key_lengths, causal, window, alibi, scale, impl, threads);
         AttentionOutput o;
         {
-          py::gil_scoped_release nogil;
+          Computing computing;
           o = attention(qt, kt, vt, s);
         }
         return py::make_tuple(numpy_of(o.out), numpy_of(o.lse));
@@ -102,7 +102,7 @@ void bind_attention(py::module_& m) {
         const AttentionSpec s = spec_of(mask, bool_mask, key_lengths, causal, window, alibi, scale, impl, threads);
         AttentionGrads g;
         {
-          py::gil_scoped_release nogil;
+          Computing computing;
           g = attention_backward(qt, kt, vt, ot, lt, dt, s);
         }
         return py::make_tuple(numpy_of(g.dq), numpy_of(g.dk), numpy_of(g.dv));
@@ -120,7 +120,7 @@ void bind_attention(py::module_& m) {
         const AttentionSpec s = spec_of(mask, bool_mask, key_lengths, causal, window, alibi, scale, impl, threads);
         Tensor w;
         {
-          py::gil_scoped_release nogil;
+          Computing computing;
           w = attention_weights(qt, kt, lt, s, row_begin, row_end);
         }
         return numpy_of(w);
@@ -137,7 +137,7 @@ void bind_attention(py::module_& m) {
                      vt = tensor_of(v, DType::F32, "v");
         AttentionSpec s;
         s.causal = causal;
-        py::gil_scoped_release nogil;
+        Computing computing;
         attention(qt, kt, vt, s);  // warm
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < reps; ++i) attention(qt, kt, vt, s);

@@ -5,6 +5,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <signal.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -24,6 +26,40 @@ Tensor tensor_of(const py::handle& a, DType dtype, const char* name);
 
 // A NumPy array over the tensor's memory (its base owns the storage): no copy.
 py::array numpy_of(const Tensor& t);
+
+// Held while qkv computes without the GIL. Besides releasing the GIL, it blocks the asynchronous
+// signals (Ctrl-C's SIGINT, SIGTERM, SIGUSR1, SIGALRM, ...) in this thread and in its OpenMP
+// threads: oneDNN's AVX-512 GEMM kernels point the stack pointer into heap memory while they run,
+// so a signal handler (Python's C handler included) running on a computing thread corrupts the
+// heap (qkv/signals.h). A signal that arrives meanwhile is pending, and Python's handler takes it
+// when the computation ends (KeyboardInterrupt then), or at a callback (qkv.train's, via
+// SignalsOpen).
+class Computing {
+ public:
+  Computing();
+  ~Computing();
+  Computing(const Computing&) = delete;
+  Computing& operator=(const Computing&) = delete;
+  const sigset_t& outside() const { return outside_; }  // this thread's mask before
+
+ private:
+  py::gil_scoped_release nogil_;
+  sigset_t outside_;
+};
+
+// Within a Computing, for a call back into Python (the GIL taken by the caller): this thread's
+// signals as they were outside, so that a pending Ctrl-C is taken here, on a thread that is not
+// computing; blocked again at the end.
+class SignalsOpen {
+ public:
+  explicit SignalsOpen(const Computing& c);
+  ~SignalsOpen();
+  SignalsOpen(const SignalsOpen&) = delete;
+  SignalsOpen& operator=(const SignalsOpen&) = delete;
+
+ private:
+  sigset_t inside_;
+};
 
 void bind_attention(py::module_& m);
 void bind_model(py::module_& m);

@@ -37,7 +37,7 @@ struct PyModel {
 // Held while a call computes: the GIL released (other Python threads run), then the model's lock
 // taken, so two threads calling one model wait for each other instead of sharing its state.
 struct Busy {
-  py::gil_scoped_release nogil;
+  Computing computing;
   std::lock_guard<std::mutex> lock;
   explicit Busy(const PyModel& p) : lock(p.mu) {}
 };
@@ -114,7 +114,7 @@ void bind_model(py::module_& m) {
             auto p = std::make_unique<PyModel>();
             p->path = path;
             {
-              py::gil_scoped_release nogil;  // a new model: nobody else holds it
+              Computing computing;  // a new model: nobody else holds it
               p->model = std::make_unique<Model>(load_model(path, dtype));
             }
             try {

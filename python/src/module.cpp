@@ -1,6 +1,8 @@
 // qkv._qkv: the module's entry point and the array conversions every binding uses.
 #include <pybind11/stl.h>
+#include <pthread.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +16,15 @@ namespace qkv::python {
 std::atomic<int64_t> g_input_copies{0};
 
 namespace {
+
+// The asynchronous signals: all but those a fault raises on its own thread (and SIGKILL / SIGSTOP,
+// which nothing blocks).
+sigset_t async_signals() {
+  sigset_t s;
+  sigfillset(&s);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS}) sigdelset(&s, sig);
+  return s;
+}
 
 // A Python object as a keep-alive owner: released with the GIL held, whichever thread drops it.
 std::shared_ptr<void> hold(py::object o) {
@@ -36,6 +47,22 @@ py::dtype numpy_dtype(DType t) {
 }
 
 }  // namespace
+
+Computing::Computing() {
+  const sigset_t set = async_signals();
+  pthread_sigmask(SIG_BLOCK, &set, &outside_);
+  // ... and in the OpenMP threads this thread computes with: the pool may hold threads made before
+  // (by PyTorch, say) with the signals open. Threads the pool makes from now on inherit this mask.
+  const int n = std::max(1, num_threads());
+#pragma omp parallel num_threads(n)
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+Computing::~Computing() { pthread_sigmask(SIG_SETMASK, &outside_, nullptr); }
+
+SignalsOpen::SignalsOpen(const Computing& c) { pthread_sigmask(SIG_SETMASK, &c.outside(), &inside_); }
+
+SignalsOpen::~SignalsOpen() { pthread_sigmask(SIG_SETMASK, &inside_, nullptr); }
 
 Tensor tensor_of(const py::handle& obj, DType dtype, const char* name) {
   if (!py::isinstance<py::array>(obj) && !py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) &&

@@ -119,10 +119,13 @@ void bind_train(py::module_& m) {
         const TrainOptions o = train_options_of(options);
         std::atomic<bool> stop{false};
         std::optional<py::error_already_set> raised;  // a callback's exception, raised once the run returns
-        // with the GIL: the callback, and Ctrl-C (Python's signal handler only sets a flag while
-        // C++ runs; PyErr_CheckSignals raises its KeyboardInterrupt here)
+        // with the GIL: the callback, and Ctrl-C (blocked while the run computes, see Computing: it
+        // is taken when the signals open here, and PyErr_CheckSignals raises its KeyboardInterrupt)
+        const Computing* computing = nullptr;  // the run's, while it runs
         auto call = [&](const std::function<py::object()>& f) {
           py::gil_scoped_acquire gil;
+          // a pending Ctrl-C is taken here, on this thread, which is between steps
+          const SignalsOpen open(*computing);
           if (raised) return;
           try {
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -141,7 +144,8 @@ void bind_train(py::module_& m) {
         if (!log.is_none()) hooks.log = [&](const std::string& line) { call([&] { return log(line); }); };
         TrainResult r;
         {
-          py::gil_scoped_release nogil;
+          const Computing running;
+          computing = &running;
           r = train_model(o, hooks);
         }
         if (raised) throw std::move(*raised);
