@@ -207,7 +207,7 @@ void task_and_train_json() {
   put("task_json", "lm.json", "{\"task\": \"lm\", \"max_len\": 128}\n");
   put("task_json", "classify.json",
       "{\"labels\": [\"new\", \"old\", \"\\u00e9\"], \"max_len\": 64, \"task\": \"classify\"}\n");
-  // As `qkv train` writes it (options_json in tools/cmd_train.cpp).
+  // As `qkv train` writes it (options_json in src/train/train_run.cpp).
   const nlohmann::json j = {{"task", "translate"},
                             {"data", "ding.tsv"},
                             {"source", ""},
