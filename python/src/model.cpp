@@ -85,6 +85,26 @@ SamplingConfig sampling_of(double temperature, int64_t top_k, double top_p, doub
   return s;
 }
 
+// qkv generate's and translate's rules on decoding options, with `what` naming the method: sampling
+// (temperature > 0) draws one token at a time (beam 1), the sampling options need it, beam search
+// ranks by length_penalty and applies no repetition_penalty. Ranges are sampling_of's.
+void check_decoding(const char* what, double temperature, int64_t beam, std::optional<int64_t> top_k,
+                    std::optional<double> top_p, std::optional<uint64_t> seed, std::optional<double> length_penalty,
+                    double repetition_penalty) {
+  (void)sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty, 0);
+  const bool sample = temperature != 0;
+  check(beam >= 1 && beam <= 256, what, ": beam_size ", beam, " (expected 1 to 256)");
+  check(!sample || beam == 1, what, ": temperature ", temperature, " samples one token at a time; beam_size ", beam,
+        " searches (give temperature=0 for beam search)");
+  check(sample || (!top_k && !top_p && !seed), what,
+        ": top_k, top_p and seed apply to sampling: give temperature > 0 (temperature=0 is greedy)");
+  check(beam > 1 || !length_penalty, what, ": length_penalty ranks beam search's hypotheses: give beam_size >= 2");
+  check(beam == 1 || repetition_penalty == 1.0, what,
+        ": repetition_penalty applies to greedy decoding and sampling, not to beam search (beam_size ", beam, ")");
+  check(!length_penalty || (std::isfinite(*length_penalty) && std::fabs(*length_penalty) <= 100), what,
+        ": length_penalty ", length_penalty.value_or(0), " (expected -100 to 100)");
+}
+
 }  // namespace
 
 void bind_model(py::module_& m) {
@@ -222,21 +242,9 @@ void bind_model(py::module_& m) {
             check(c.arch == Arch::Decoder, "generate: ", p.path, " is a ", arch_name(c.arch),
                   " model, not a language model");
             check(max_new_tokens >= 1, "generate: max_new_tokens ", max_new_tokens, " (expected >= 1)");
-            check(beam_size >= 1 && beam_size <= 256, "generate: beam_size ", beam_size, " (expected 1 to 256)");
-            check(!length_penalty || std::isfinite(*length_penalty), "generate: length_penalty ", length_penalty.value_or(0),
-                  " (expected a number)");
             check(n >= 1 && n <= 1000, "generate: n ", n, " (expected 1 to 1000)");
-            (void)sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty, 0);
+            check_decoding("generate", temperature, beam_size, top_k, top_p, seed, length_penalty, repetition_penalty);
             const bool sample = temperature != 0;
-            // options that would be ignored are refused, as qkv generate refuses them
-            check(sample || (!top_k && !top_p && !seed), "generate: top_k, top_p and seed apply to sampling: give "
-                  "temperature > 0 (temperature=0 is greedy)");
-            check(beam_size > 1 || !length_penalty, "generate: length_penalty ranks beam search's hypotheses: give "
-                  "beam_size >= 2");
-            check(beam_size == 1 || repetition_penalty == 1.0, "generate: repetition_penalty applies to greedy "
-                  "decoding and sampling, not to beam search (beam_size ", beam_size, ")");
-            check(!sample || beam_size == 1, "generate: temperature ", temperature, " samples one token at a time; ",
-                  "beam_size ", beam_size, " searches (give temperature=0 with beam_size > 1)");
             check(n == 1 || sample || beam_size >= n, "generate: n ", n,
                   beam_size > 1 ? detail::concat(" with beam_size ", beam_size, ": beam search returns at most its ",
                                                  beam_size, " best continuations")
@@ -311,22 +319,9 @@ void bind_model(py::module_& m) {
             const ModelConfig& c = p.model->config();
             check(c.arch == Arch::EncoderDecoder, "translate: ", p.path, " is a ", arch_name(c.arch),
                   " model, not a translation model");
-            (void)sampling_of(temperature, top_k.value_or(0), top_p.value_or(1.0), repetition_penalty, 0);
-            const bool sample = temperature != 0;
-            // qkv translate's rules: sampling draws one token at a time (beam 1), the sampling options
-            // need it, beam search ranks by length_penalty and applies no repetition_penalty
-            const int64_t beam = beam_size.value_or(sample ? 1 : 4);
-            check(beam >= 1 && beam <= 256, "translate: beam_size ", beam, " (expected 1 to 256)");
-            check(!sample || beam == 1, "translate: temperature ", temperature, " samples one token at a time; ",
-                  "beam_size ", beam, " searches (leave beam_size out, or give temperature=0)");
-            check(sample || (!top_k && !top_p && !seed), "translate: top_k, top_p and seed apply to sampling: give "
-                  "temperature > 0");
-            check(beam > 1 || !length_penalty, "translate: length_penalty ranks beam search's hypotheses: give "
-                  "beam_size >= 2");
-            check(beam == 1 || repetition_penalty == 1.0, "translate: repetition_penalty applies to greedy decoding "
-                  "and sampling, not to beam search (beam_size ", beam, ")");
-            check(!length_penalty || (std::isfinite(*length_penalty) && std::fabs(*length_penalty) <= 100),
-                  "translate: length_penalty ", length_penalty.value_or(0), " (expected -100 to 100)");
+            // beam search with 4 beams, or with temperature > 0 sampling
+            const int64_t beam = beam_size.value_or(temperature != 0 ? 1 : 4);
+            check_decoding("translate", temperature, beam, top_k, top_p, seed, length_penalty, repetition_penalty);
             check(!max_new_tokens || (*max_new_tokens >= 1 && *max_new_tokens <= (1 << 20)),
                   "translate: max_new_tokens ", max_new_tokens.value_or(0), " (expected 1 to 2^20)");
             check(batch >= 1 && batch <= 4096, "translate: batch ", batch, " (expected 1 to 4096)");
