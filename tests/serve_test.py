@@ -349,7 +349,14 @@ def prompt_reuse_checks(ck, qkv, lm):
                   int(m["qkv_prompt_cache_tokens"]) == C * len(kept) and
                   int(m["qkv_prompt_cache_bytes"]) > 0,
                   "/metrics: prompt tokens reused and the cache's tokens (shared chunks once)", (m, reused, len(kept)))
-        st, slots = s.request("GET", "/slots")
+        # a slot is released by the scheduler's loop just after its answer is sent: idle within a second
+        deadline = time.time() + 5
+        while True:
+            st, slots = s.request("GET", "/slots")
+            if st != 200 or not isinstance(slots, list) or all(not x["is_processing"] for x in slots) or \
+                    time.time() > deadline:
+                break
+            time.sleep(0.05)
         ck.report(st == 200 and isinstance(slots, list) and len(slots) == 8 and
                   all(x["is_processing"] is False and x["n_ctx"] == 96 for x in slots) and
                   [x["id"] for x in slots] == list(range(8)),
