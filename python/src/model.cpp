@@ -51,6 +51,14 @@ std::vector<int32_t> ids_of(const PyModel& m, const py::handle& x, bool lm_promp
   return x.cast<std::vector<int32_t>>();
 }
 
+// Whether x is several inputs (a list of texts, a list of id lists, a 2-D array) rather than one (a
+// text, a list of ids, NumPy integers included, a 1-D array).
+bool rows_of_rows(const py::handle& x) {
+  if (py::isinstance<py::str>(x) || !py::isinstance<py::sequence>(x) || py::len(x) == 0) return false;
+  const py::object first = py::reinterpret_borrow<py::sequence>(x)[0];
+  return py::isinstance<py::str>(first) || py::isinstance<py::sequence>(first);
+}
+
 // Token ids as an int64 tensor: an integer array (or nested lists of ints), `rank` dimensions.
 Tensor ids_tensor(const py::handle& x, int64_t rank, const char* name) {
   const py::array a = py::array::ensure(x);
@@ -185,9 +193,7 @@ void bind_model(py::module_& m) {
              const py::object& target, double label_smoothing) -> py::object {
             // one row (a text or a list of ids) or a batch (B, T) of right-padded rows, as qkv forward
             Batch b;
-            const bool batch = py::isinstance<py::array>(ids) ? py::array::ensure(ids).ndim() == 2
-                                                              : !py::isinstance<py::str>(ids) && py::len(ids) > 0 &&
-                                                                    !py::isinstance<py::int_>(ids[py::int_(0)]);
+            const bool batch = rows_of_rows(ids);
             if (batch) {
               b.input = ids_tensor(ids, 2, "ids");
             } else {
@@ -251,8 +257,7 @@ void bind_model(py::module_& m) {
                                 : std::string(": greedy decoding has one continuation (temperature > 0 samples n "
                                               "different ones; beam_size >= n gives the n best)"));
             // one prompt (a text or a list of ids) or a list of them
-            const bool many = !py::isinstance<py::str>(prompt) && py::len(prompt) > 0 &&
-                              !py::isinstance<py::int_>(prompt[py::int_(0)]);
+            const bool many = rows_of_rows(prompt);
             std::vector<py::object> prompts;
             if (many) {
               for (const py::handle x : prompt) prompts.push_back(py::reinterpret_borrow<py::object>(x));

@@ -231,3 +231,14 @@ def test_the_tokenizer_is_the_models_and_keeps_it_alive(models):
     del m
     gc.collect()
     assert t.decode(t.encode("four five")) == "four five"  # the tokenizer holds its model
+
+
+def test_numpy_integers_and_arrays_are_one_input_or_many_by_their_shape(models):
+    m = qkv.Model.load(models["lm"])
+    ids = m.encode("And God said")
+    one = m.forward(ids)
+    np.testing.assert_array_equal(m.forward([np.int64(i) for i in ids]), one)
+    np.testing.assert_array_equal(m.forward(np.array(ids, np.int32)), one)
+    np.testing.assert_array_equal(m.forward(np.array([ids], np.int64)), one)  # (1, T): a batch of one
+    assert m.generate(np.array(ids), max_new_tokens=3) == m.generate(ids, max_new_tokens=3)
+    assert m.generate(np.array([ids, ids]), max_new_tokens=3) == [m.generate(ids, max_new_tokens=3)] * 2
