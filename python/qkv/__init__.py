@@ -19,6 +19,7 @@ function: docs/python.md. Errors from qkv are qkv.Error (a ValueError) carrying 
 from . import _qkv
 import os as _os
 import sys as _sys
+import time as _time
 
 from ._qkv import Error, Model, alibi_slopes, num_threads, set_num_threads
 
@@ -85,8 +86,10 @@ def train(*, out, task=None, data=None, source=None, target=None, train_only=Non
     refused, as on the command line. Give a limit: steps, epochs or minutes.
 
     progress: called after every step with a dict (step, epoch, loss, lr, tokens_per_s, elapsed_s,
-        fraction of the limit or None, evaluated, valid_loss or None, best); returning False stops
-        the run after that step with its checkpoint saved (resume=True continues it).
+        fraction of the limit or None, start_fraction (done before this call), evaluated, valid_loss
+        or None, best); returning False stops the run after that step with its checkpoint saved
+        (resume=True continues it). None (the default): with log=True, qkv train's progress line on
+        sys.stderr (redrawn on a terminal, else a line every 15 s) with an ETA; False: none.
     log: True prints the run's notes to sys.stderr ("qkv train: ..."), False is silent, a callable
         gets each line.
     An exception in a callback (Ctrl-C's KeyboardInterrupt included) stops the run the same way, then
@@ -107,6 +110,13 @@ def train(*, out, task=None, data=None, source=None, target=None, train_only=Non
         precision=precision, average=average, resume=resume, parts=parts, bucket_mb=bucket_mb).items()
         if v is not None}
     options = {k: _os.fspath(v) if k in _PATH_OPTIONS and hasattr(v, "__fspath__") else v for k, v in options.items()}
+    bar = None
+    if progress is None and log is True:
+        progress = bar = _ProgressBar()
+    elif progress is False or progress is None:
+        progress = None
+    elif not callable(progress):
+        raise TypeError("progress: expected None, False or a callable, got " + type(progress).__name__)
     if log is True:
         def log(line):
             print("qkv train: " + line, file=_sys.stderr, flush=True)
@@ -115,9 +125,55 @@ def train(*, out, task=None, data=None, source=None, target=None, train_only=Non
             pass
     elif not callable(log):
         raise TypeError("log: expected True, False or a callable, got " + type(log).__name__)
-    if progress is not None and not callable(progress):
-        raise TypeError("progress: expected a callable, got " + type(progress).__name__)
-    return _qkv.train(options, progress, log)
+    try:
+        return _qkv.train(options, progress, log)
+    finally:
+        if bar is not None:
+            bar.finish()
+
+
+def _duration(s):
+    if s < 60:
+        return "%.1fs" % s
+    if s < 3600:
+        return "%dm%02ds" % (s // 60, s % 60)
+    return "%dh%02dm" % (s // 3600, s // 60 % 60)
+
+
+class _ProgressBar:
+    """qkv train's progress line on sys.stderr: redrawn in place on a terminal, else a line at the
+    first step, every 15 s and at the end; the ETA scales this call's time to what is left."""
+
+    def __init__(self, every=15.0):
+        self.tty = _sys.stderr.isatty()
+        self.every, self.t0, self.last, self.drawn = every, _time.monotonic(), None, False
+
+    def __call__(self, p):
+        elapsed = _time.monotonic() - self.t0
+        f = p["fraction"]
+        done = f is not None and f >= 1
+        if not self.tty and self.last is not None and elapsed - self.last < self.every and not done:
+            return
+        self.last = elapsed
+        eta = "?"
+        if f is not None and f - p["start_fraction"] > 0.001:
+            eta = _duration(elapsed * (1 - f) / (f - p["start_fraction"]))
+        filled = round((f or 0) * 24)
+        valid = "-" if p["valid_loss"] is None else "%.3f" % p["valid_loss"]
+        line = "[%s%s] %s step %d ep %d loss %.3f valid %s lr %.2e %.0f tok/s | %s ETA %s" % (
+            "#" * filled, "." * (24 - filled), "  ?%" if f is None else "%3.0f%%" % (100 * f), p["step"], p["epoch"],
+            p["loss"], valid, p["lr"], p["tokens_per_s"], _duration(elapsed), eta)
+        if self.tty:
+            _sys.stderr.write("\r" + line + "\033[K")
+            self.drawn = True
+        else:
+            _sys.stderr.write(line + "\n")
+        _sys.stderr.flush()
+
+    def finish(self):
+        if self.tty and self.drawn:
+            _sys.stderr.write("\n")
+            _sys.stderr.flush()
 
 
 _PATH_OPTIONS = {"out", "data", "source", "target", "train_only", "config", "init", "tokenizer"}

@@ -102,6 +102,7 @@ py::dict progress_dict(const LoopProgress& lp) {
   d["tokens_per_s"] = lp.tokens_per_s;
   d["elapsed_s"] = lp.elapsed_s;
   d["fraction"] = lp.fraction >= 0 ? py::object(py::float_(lp.fraction)) : py::object(py::none());
+  d["start_fraction"] = lp.start_fraction;
   d["evaluated"] = lp.evaluated;
   d["valid_loss"] = std::isfinite(lp.valid_loss) ? py::object(py::float_(lp.valid_loss)) : py::object(py::none());
   d["best"] = lp.best;

@@ -167,3 +167,21 @@ def test_bad_data_and_directories_raise_qkv_errors(corpus, tmp_path):
         qkv.train(out=str(done), resume=True, steps=4, lr=0.5, log=False)
     with pytest.raises(qkv.Error, match="not found"):
         qkv.train(out=str(tmp_path / "nothing"), resume=True, steps=4, log=False)
+
+
+def test_by_default_the_run_shows_its_notes_and_a_progress_line(corpus, tmp_path):
+    import sys
+    code = "import qkv; qkv.set_num_threads(2); qkv.train(out=%r, data=%r, steps=6, **%r)" % (
+        str(tmp_path / "run"), corpus, COMMON)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stderr.splitlines()
+    assert any(line.startswith("qkv train: ") and "parameters" in line for line in lines), p.stderr
+    bars = [line for line in lines if line.startswith("[")]
+    # not a terminal: the first step, then every 15 s, and the last
+    assert " step 1 " in bars[0] and "ETA" in bars[0], bars
+    assert bars[-1].startswith("[" + "#" * 24 + "] 100% step 6 ") and "valid" in bars[-1], bars
+    quiet = subprocess.run([sys.executable, "-c", code.replace("steps=6", "steps=6, log=False").replace(
+        str(tmp_path / "run"), str(tmp_path / "quiet"))], env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
