@@ -425,3 +425,30 @@ TEST(Tensor, BorrowReadsMemoryInPlaceAndKeepsItsOwnerAlive) {
 }
 
 }  // namespace
+
+// clone copies whole rows when the last dimension is contiguous (split between threads past
+// 1 MiB) and element by element otherwise; every path gives each element where C order puts it,
+// and a large zeroed tensor (zeroed in slices by every thread) is all zeros.
+TEST(Tensor, CloneOfViewsPutsEveryElementInCOrder) {
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{3, 4, 5, 7}, std::vector<int64_t>{4, 24, 16, 320}}) {  // 1.6 KiB and 1.9 MiB
+    const Tensor t = iota(shape);
+    for (const std::vector<int64_t>& order : {std::vector<int64_t>{0, 2, 1, 3}, std::vector<int64_t>{1, 0, 3, 2}}) {
+      const Tensor p = t.permute(order).slice(1, 1, t.permute(order).size(1));
+      SCOPED_TRACE(::testing::Message() << "shape " << qkv::shape_str(shape) << " order " << order[0] << order[1]
+                                        << order[2] << order[3]);
+      const Tensor c = p.clone();
+      ASSERT_TRUE(c.is_contiguous());
+      ASSERT_EQ(c.shape(), p.shape());
+      const float* q = c.data<float>();
+      int64_t j = 0;
+      for (int64_t a = 0; a < p.size(0); ++a)
+        for (int64_t b = 0; b < p.size(1); ++b)
+          for (int64_t d = 0; d < p.size(2); ++d)
+            for (int64_t e = 0; e < p.size(3); ++e, ++j) ASSERT_EQ(q[j], at(p, {a, b, d, e})) << "element " << j;
+    }
+  }
+  const Tensor z({3, 1000, 1000}, DType::F32);
+  const float* zp = z.data<float>();
+  EXPECT_TRUE(std::all_of(zp, zp + z.numel(), [](float x) { return x == 0.0f; }));
+}

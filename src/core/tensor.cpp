@@ -1,5 +1,8 @@
 // Tensor and Storage: shape/stride bookkeeping, views, and the copies (contiguous, clone, to).
 #include "qkv/tensor.h"
+#include "qkv/parallel.h"
+
+#include <algorithm>
 
 #include <sys/mman.h>
 
@@ -249,7 +252,16 @@ Storage::Storage(size_t bytes, bool zero) {
     if (data_ == nullptr) fail("Storage: cannot allocate ", bytes, " bytes (out of memory)");
     advise_huge_pages(data_, alloc);
   }
-  if (zero) std::memset(data_, 0, alloc);
+  if (zero) {
+    // Large blocks are zeroed by every thread, each a slice (a lone memset of a training step's
+    // zeroed gradients kept the other threads waiting).
+    constexpr size_t kSlice = size_t{1} << 20;
+    const int64_t slices = static_cast<int64_t>((alloc + kSlice - 1) / kSlice);
+    char* p = static_cast<char*>(data_);
+#pragma omp parallel for num_threads(slices > 1 ? num_threads() : 1) schedule(static)
+    for (int64_t i = 0; i < slices; ++i)
+      std::memset(p + i * kSlice, 0, std::min(kSlice, alloc - static_cast<size_t>(i) * kSlice));
+  }
   bytes_ = bytes;
   alloc_ = alloc;
 }
@@ -477,10 +489,31 @@ Tensor Tensor::contiguous() const {
 
 Tensor Tensor::clone() const {
   if (!defined()) fail("clone: tensor is undefined");
-  Tensor out(shape_, dtype_);
+  Tensor out = empty(shape_, dtype_);  // every element is written below
   const size_t item = dtype_size(dtype_);
   const char* src = static_cast<const char*>(storage_->data());
   char* dst = static_cast<char*>(out.raw_data());
+  const size_t nd = shape_.size();
+  if (nd >= 1 && strides_[nd - 1] == 1 && numel() > 0) {
+    // Whole rows of the last dimension are contiguous: one move per row, the rows split between
+    // threads when there are many bytes (a training step copies the heads' (B, H, T, D) outputs
+    // into (B, T, H, D) this way; element by element on one thread it was 0.3-0.4% of a GPT-2
+    // bf16 step, with the other thread waiting).
+    const int64_t inner = shape_[nd - 1], rows = numel() / inner;
+    const size_t row_bytes = static_cast<size_t>(inner) * item;
+    const int threads = rows > 1 && numel() * static_cast<int64_t>(item) >= (int64_t{1} << 20) ? num_threads() : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      // the storage index of row r's first element: r's digits over dimensions nd-2 .. 0
+      int64_t at = offset_, rest = r;
+      for (size_t d = nd - 1; d-- > 0;) {
+        at += (rest % shape_[d]) * strides_[d];
+        rest /= shape_[d];
+      }
+      std::memcpy(dst + static_cast<size_t>(r) * row_bytes, src + at * static_cast<int64_t>(item), row_bytes);
+    }
+    return out;
+  }
   // dst[j] <- src[index(j)] for every element j in C order; the switch makes each copy a fixed-size move.
   auto copy_all = [&](auto size_tag) {
     constexpr size_t n = decltype(size_tag)::value;

@@ -85,7 +85,11 @@ Var new_output(std::vector<int64_t> shape, bool requires_grad) {
 float* grad_accum(Node& n) {
   bool add = false;
   float* g = n.grad_dest(&add);
-  if (!add) std::fill(g, g + n.value.numel(), 0.0f);
+  if (!add) {
+    const int64_t count = n.value.numel();
+#pragma omp parallel for num_threads(detail::threads_for(count)) schedule(static)
+    for (int64_t i = 0; i < count; ++i) g[i] = 0.0f;
+  }
   return g;
 }
 
