@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <optional>
 #include <vector>
 
 #include "kernels/gemm_internal.h"
@@ -187,6 +188,40 @@ TEST(Gemm, Bf16MatmulCarriesNaNAndInfinity) {
 
 // The scope: sgemm inside a Bf16Matmul is sgemm_bf16 on this CPU's path; outside it, float32 again;
 // BatchInvariantGemm takes precedence where both live.
+// Bf16Unchanged(A): products taking A as their first operand, as a linear layer's backward pass
+// takes dY (dX = dY W, then dW = dY^T X), round it once; the results are those of rounding it for
+// each product, and once the promise ends a changed A is rounded again (no stale copy).
+TEST(Gemm, Bf16UnchangedOperandIsRoundedOnceAndNeverStale) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> n;
+  const int64_t Rows = 37, Out = 45, In = 29;  // dY (Rows, Out), W (Out, In), X (Rows, In)
+  std::vector<float> dY(Rows * Out), W(Out * In), X(Rows * In);
+  for (auto* v : {&dY, &W, &X})
+    for (float& x : *v) x = n(rng);
+  auto products = [&](bool promise, std::vector<float>& dX, std::vector<float>& dW) {
+    dX.assign(Rows * In, 0.0f);
+    dW.assign(Out * In, 0.0f);
+    Bf16Matmul scope;
+    std::optional<Bf16Unchanged> kept;
+    if (promise) kept.emplace(dY.data());
+    sgemm(false, false, Rows, In, Out, 1.0f, dY.data(), Out, W.data(), In, 0.0f, dX.data(), In);
+    sgemm(true, false, Out, In, Rows, 1.0f, dY.data(), Out, X.data(), In, 0.0f, dW.data(), In);
+  };
+  std::vector<float> dX0, dW0, dX1, dW1;
+  products(false, dX0, dW0);
+  products(true, dX1, dW1);
+  EXPECT_EQ(dX1, dX0);
+  EXPECT_EQ(dW1, dW0);
+  // the same pointer, new values: rounded again, under a new promise or none
+  for (float& x : dY) x = n(rng);
+  std::vector<float> dX2, dW2, dX3, dW3;
+  products(true, dX2, dW2);
+  products(false, dX3, dW3);
+  EXPECT_NE(dX2, dX0);
+  EXPECT_EQ(dX2, dX3);
+  EXPECT_EQ(dW2, dW3);
+}
+
 TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {
   std::mt19937 rng(12);
   std::normal_distribution<float> n;

@@ -54,6 +54,21 @@ class Bf16Matmul {
   static bool active();  // whether one lives on this thread
 };
 
+// While an object of this class lives on a thread, the float32 matrix at `data` is not written, so
+// products under Bf16Matmul on that thread that take it as their first operand (A), stored with
+// the same rows, columns and stride, round it to bfloat16 once and reuse the copy: a linear
+// layer's backward pass takes dY as A in both of its products (dX = dY W and dW = dY^T X).
+class Bf16Unchanged {
+ public:
+  explicit Bf16Unchanged(const float* data);
+  ~Bf16Unchanged();
+  Bf16Unchanged(const Bf16Unchanged&) = delete;
+  Bf16Unchanged& operator=(const Bf16Unchanged&) = delete;
+
+ private:
+  const float* previous_;
+};
+
 struct BlasInfo {
   std::string gemm;      // the library behind sgemm for more than one row, e.g. "oneDNN 2.6.3"
   std::string library;   // "OpenBLAS 0.3.21 ..." (single-row products)

@@ -49,6 +49,25 @@ BatchInvariantGemm::BatchInvariantGemm() { ++g_batch_invariant; }
 BatchInvariantGemm::~BatchInvariantGemm() { --g_batch_invariant; }
 bool BatchInvariantGemm::active() { return g_batch_invariant > 0; }
 
+// The matrix a Bf16Unchanged promises is not written, and the A operand whose rounded copy
+// sgemm_bf16's scratch holds (null: none that may be reused).
+thread_local const float* g_unchanged = nullptr;
+struct RoundedKey {
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0, out_ld = 0;
+  bool operator==(const RoundedKey&) const = default;
+};
+thread_local RoundedKey g_rounded_a;
+
+Bf16Unchanged::Bf16Unchanged(const float* data) : previous_(g_unchanged) {
+  g_unchanged = data;
+  g_rounded_a = {};
+}
+Bf16Unchanged::~Bf16Unchanged() {
+  g_unchanged = previous_;
+  g_rounded_a = {};
+}
+
 Bf16Matmul::Bf16Matmul() { ++g_bf16; }
 Bf16Matmul::~Bf16Matmul() { --g_bf16; }
 bool Bf16Matmul::active() { return g_bf16 > 0; }
@@ -143,7 +162,11 @@ void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, i
   thread_local Scratch<uint16_t> a_scratch, b_scratch;
   uint16_t* a16 = a_scratch.get(a_rows * a_ld);
   uint16_t* b16 = b_scratch.get(b_rows * b_ld);
-  round_rows_bf16(A, a_rows, a_cols, lda, a16, a_ld);
+  const RoundedKey a_key{A, a_rows, a_cols, lda, a_ld};
+  if (!(A == g_unchanged && g_rounded_a == a_key)) {
+    round_rows_bf16(A, a_rows, a_cols, lda, a16, a_ld);
+    g_rounded_a = A == g_unchanged ? a_key : RoundedKey{};
+  }
   round_rows_bf16(B, b_rows, b_cols, ldb, b16, b_ld);
   if (native && K > 0) {
     // element strides of the (M, K) and (K, N) views of the copies

@@ -227,6 +227,7 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
     tape.push([x, w, b, y, row_begin, bias_begin, In, Out, N] {
       const float* dY = out_grad(*y);
       if (!dY) return;
+      const Bf16Unchanged dy_kept(dY);  // both products below round dY once under Bf16Matmul
       // dx <- dy W[r0:r1]
       if (needs_grad(x)) {
         bool add = false;
