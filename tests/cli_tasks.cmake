@@ -45,15 +45,25 @@ foreach(f config.json model.safetensors qkv_tokenizer.json task.json train.json 
           loss.svg test.tsv)
   expect_file("${w}/tr/${f}" "train --task translate")
 endforeach()
-# the translator is pre-norm with a fused q/k/v and interleaved sinusoids: the export to Marian
-# lists every setting that does not map in one error
-run_qkv(2 out err export --model "${w}/tr" --out "${w}/tr-hf")
-foreach(part "4 settings do not map onto Hugging Face's marian: " "positional = sinusoidal (" "norm_first = true ("
-             "final_norm = true (" "fused_qkv = true (")
+# the translator (pre-norm, fused q/k/v, split-half sinusoids) exports as a Hugging Face Pegasus
+# folder (q/k/v split); that a Pegasus folder computes what transformers does is hf_parity's test
+run_qkv(0 out err export --model "${w}/tr" --out "${w}/tr-hf")
+expect_contains("${out}" "as a Hugging Face pegasus folder" "export of the translator")
+file(READ "${w}/tr-hf/config.json" tr_hf_config)
+expect_contains("${tr_hf_config}" "\"model_type\": \"pegasus\"" "the exported translator's config")
+# a post-norm translator with interleaved sinusoids maps onto neither: the export to Marian (the
+# post-norm family) lists every setting that does not map in one error, and writes nothing
+file(WRITE "${w}/post.json" "{\"arch\": \"encoder-decoder\", \"vocab_size\": 40, \"d_model\": 16, \"n_heads\": 2, \
+\"d_ff\": 32, \"n_encoder_layers\": 1, \"n_decoder_layers\": 1, \"positional\": \"sinusoidal\", \"final_norm\": true, \
+\"norm_first\": false, \"fused_qkv\": true, \"pad_id\": 0, \"bos_id\": 1, \"eos_id\": 2}")
+run_qkv(0 out err init --config "${w}/post.json" --out "${w}/post" --seed 5)
+run_qkv(2 out err export --model "${w}/post" --out "${w}/post-hf")
+foreach(part "3 settings do not map onto Hugging Face's marian: " "positional = sinusoidal (" "final_norm = true ("
+             "fused_qkv = true (")
   expect_contains("${err}" "${part}" "export lists every unmappable setting")
 endforeach()
-if(EXISTS "${w}/tr-hf")
-  message(FATAL_ERROR "a refused export left ${w}/tr-hf behind")
+if(EXISTS "${w}/post-hf")
+  message(FATAL_ERROR "a refused export left ${w}/post-hf behind")
 endif()
 file(READ "${w}/tr/loss.svg" curve)
 expect_contains("${curve}" "with dropout 0.1 and label smoothing 0.1" "loss.svg says how the training loss is taken")
@@ -74,6 +84,25 @@ file(READ "${w}/sw/train.json" sw_json)
 expect_contains("${sw_json}" "\"subword_alpha\": 0.2" "train.json keeps --subword-alpha")
 run_qkv(0 out err train --out "${w}/sw" --resume --steps 7)
 expect_contains("${out}" "trained 2 more steps (7 in all" "train --resume with --subword-alpha")
+# the learner's path out of qkv: a translator (with its SentencePiece tokenizer) as a Hugging
+# Face Pegasus folder, which qkv loads back and translates with the same output: sampled, so
+# that the same text needs the same distributions at every step
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/rt" --vocab 300 --steps 60
+        --max-tokens 4096 --seed 3)
+run_qkv(0 out err export --model "${w}/rt" --format hf --out "${w}/rt-hf")
+expect_contains("${out}" "as a Hugging Face pegasus folder: ${w}/rt-hf/ config.json, model.safetensors, tokenizer.model"
+                "export of a SentencePiece translator")
+file(WRITE "${w}/rt-src.txt" "one two three.\nseven eight nine.\nfive five zero.\n")
+run_qkv(0 rt_own err translate --model "${w}/rt" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+        --max-len 12)
+run_qkv(0 rt_hf err translate --model "${w}/rt-hf" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+        --max-len 12)
+if(NOT rt_own MATCHES "(null|eins|zwei|drei|vier|fuenf|sechs|sieben|acht|neun)")
+  message(FATAL_ERROR "the translator trained for the export check says nothing German: ${rt_own}")
+endif()
+if(NOT rt_own STREQUAL rt_hf)
+  message(FATAL_ERROR "the exported Pegasus folder translates otherwise:\n${rt_own}\nagainst\n${rt_hf}")
+endif()
 expect_error("--subword-alpha with the byte tokenizer" "a byte tokenizer cannot sample segmentations"
              train --task translate --data "${w}/pairs.tsv" --out "${w}/sw2" --tokenizer byte --steps 1
              --subword-alpha 0.1)

@@ -253,11 +253,17 @@ def split_half_positions(T, D):
 
 
 def marian_forward(W, cfg, src, src_len, tgt):
+    """MarianMTModel's logits, or PegasusForConditionalGeneration's (model_type "pegasus": the same
+    layers pre-norm, each stack ending in its layer_norm)."""
     D, H = cfg["d_model"], cfg["encoder_attention_heads"]
     E = W["model.shared.weight"]
     scale = math.sqrt(D) if cfg.get("scale_embedding") else 1.0
-    act = F.silu
+    act = F.silu if cfg["activation_function"] == "swish" else F.relu
     eps = 1e-5
+    pre = cfg["model_type"] == "pegasus"
+
+    def sub(x, f, norm):  # a sublayer with its residual: post-norm (Marian) or pre-norm (Pegasus)
+        return x + f(ln(x, W, norm, eps)) if pre else ln(x + f(x), W, norm, eps)
 
     def attn(x, mem, pre, lengths, causal):
         q = heads(lin(x, W, pre + "q_proj"), H)
@@ -267,15 +273,19 @@ def marian_forward(W, cfg, src, src_len, tgt):
     x = E[src] * scale + split_half_positions(src.shape[1], D)[None]
     for i in range(cfg["encoder_layers"]):
         h = "model.encoder.layers.%d." % i
-        x = ln(x + attn(x, x, h + "self_attn.", src_len, False), W, h + "self_attn_layer_norm", eps)
-        x = ln(x + lin(act(lin(x, W, h + "fc1")), W, h + "fc2"), W, h + "final_layer_norm", eps)
+        x = sub(x, lambda t: attn(t, t, h + "self_attn.", src_len, False), h + "self_attn_layer_norm")
+        x = sub(x, lambda t: lin(act(lin(t, W, h + "fc1")), W, h + "fc2"), h + "final_layer_norm")
+    if pre:
+        x = ln(x, W, "model.encoder.layer_norm", eps)
     y = E[tgt] * scale + split_half_positions(tgt.shape[1], D)[None]
     full = [tgt.shape[1]] * tgt.shape[0]
     for i in range(cfg["decoder_layers"]):
         h = "model.decoder.layers.%d." % i
-        y = ln(y + attn(y, y, h + "self_attn.", full, True), W, h + "self_attn_layer_norm", eps)
-        y = ln(y + attn(y, x, h + "encoder_attn.", src_len, False), W, h + "encoder_attn_layer_norm", eps)
-        y = ln(y + lin(act(lin(y, W, h + "fc1")), W, h + "fc2"), W, h + "final_layer_norm", eps)
+        y = sub(y, lambda t: attn(t, t, h + "self_attn.", full, True), h + "self_attn_layer_norm")
+        y = sub(y, lambda t: attn(t, x, h + "encoder_attn.", src_len, False), h + "encoder_attn_layer_norm")
+        y = sub(y, lambda t: lin(act(lin(t, W, h + "fc1")), W, h + "fc2"), h + "final_layer_norm")
+    if pre:
+        y = ln(y, W, "model.decoder.layer_norm", eps)
     return y @ E.T + W["final_logits_bias"][0]
 
 
@@ -350,6 +360,9 @@ def marian_weights(cfg, g):
             linear(h + "fc1", Fi, D)
             linear(h + "fc2", D, Fi)
             norm(h + "final_layer_norm")
+    if cfg["model_type"] == "pegasus":
+        norm("model.encoder.layer_norm")
+        norm("model.decoder.layer_norm")
     W["lm_head.weight"] = W["model.shared.weight"].clone()
     return W
 
@@ -489,6 +502,9 @@ def marian_names(cfg):
             pair(out, l + "linear1", h + "fc1")
             pair(out, l + "linear2", h + "fc2")
             pair(out, l + ("norm3" if side == "decoder" else "norm2"), h + "final_layer_norm")
+    if cfg["model_type"] == "pegasus":
+        pair(out, "encoder.norm", "model.encoder.layer_norm")
+        pair(out, "decoder.norm", "model.decoder.layer_norm")
     return out
 
 
@@ -700,11 +716,13 @@ def marian_case(ck, name, cfg, dtype="F32", seed=0):
     V, pad, eos, start = cfg["vocab_size"], cfg["pad_token_id"], cfg["eos_token_id"], cfg["decoder_start_token_id"]
     B, S, T = 3, 9, 7
     src_len = [S, 6, 4]
-    src = torch.randint(1, pad, (B, S), generator=g)
+    # ordinary tokens: below Marian's pad (its last id; eos 0), above Pegasus's pad 0 and eos 1
+    lo, hi = (1, pad) if pad == V - 1 else (2, V)
+    src = torch.randint(lo, hi, (B, S), generator=g)
     for b in range(B):
         src[b, src_len[b] - 1] = eos  # Marian's tokenizer ends a source with </s>
         src[b, src_len[b]:] = pad
-    tgt_full = torch.randint(1, pad, (B, T), generator=g)
+    tgt_full = torch.randint(lo, hi, (B, T), generator=g)
     dec_in = torch.cat([torch.full((B, 1), start), tgt_full[:, :-1]], dim=1)
     target = tgt_full.clone()
     target[2, 4:] = pad  # a shorter target: its padding is not scored
@@ -1174,6 +1192,11 @@ def main():
               "decoder_start_token_id": 66, "share_encoder_decoder_embeddings": True, "dropout": 0.1,
               "static_position_embeddings": True}
     marian_case(ck, "marian_f32", marian, seed=8)
+    # Pegasus: Marian's layout, pre-norm, a final norm on each stack (qkv's translation models export as it)
+    pegasus = dict(marian, model_type="pegasus", architectures=["PegasusForConditionalGeneration"],
+                   activation_function="relu", pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+    del pegasus["share_encoder_decoder_embeddings"]
+    marian_case(ck, "pegasus_f32", pegasus, seed=14)
     generate_case(ck, "gpt2_text", "gpt2", gpt2, "transformer.", seed=9)
     generate_case(ck, "llama_text", "llama", llama, "model.", seed=10)
     bert_text_case(ck, "bert_mlm_text", bert, "mlm", seed=11)

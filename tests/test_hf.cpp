@@ -102,6 +102,16 @@ ModelConfig marian_like(bool logits_bias) {
   return c;
 }
 
+// qkv train --task translate's layout: pre-norm with final norms, a fused q/k/v, no logits bias
+ModelConfig pegasus_like(bool fused) {
+  ModelConfig c = marian_like(false);
+  c.norm_first = true;
+  c.final_norm = true;
+  c.fused_qkv = fused;
+  c.activation = Activation::ReLU;
+  return c;
+}
+
 Tensor logits_of(const Model& m, const Batch& b) {
   Tape t;
   t.recording = false;
@@ -132,6 +142,8 @@ TEST(HfExport, EveryFamilyRoundTripsWithIdenticalLogits) {
       {"bert mlm", bert_like(Arch::EncoderMLM), "bert"}, {"bert classifier", bert_like(Arch::EncoderClassifier), "bert"},
       {"bert encoder", bert_like(Arch::Encoder), "bert"}, {"marian", marian_like(true), "marian"},
       {"marian without logits bias", marian_like(false), "marian"},
+      {"pegasus from fused q/k/v (the main job's translator)", pegasus_like(true), "pegasus"},
+      {"pegasus from separate q/k/v", pegasus_like(false), "pegasus"},
   };
   int i = 0;
   for (const Case& k : cases) {
@@ -171,8 +183,12 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
   post.norm_first = false;
   ModelConfig gqa = gpt2_like(true);
   gqa.n_kv_heads = 2;
-  ModelConfig main_job = marian_like(true);  // qkv train --task translate: the 2017 interleaved positions
-  main_job.positional = Positional::Sinusoidal;
+  ModelConfig old_main_job = pegasus_like(true);  // qkv train --task translate before 2026-12-06
+  old_main_job.positional = Positional::Sinusoidal;
+  ModelConfig post_fused = marian_like(true);
+  post_fused.fused_qkv = true;
+  ModelConfig two_tables = pegasus_like(true);
+  two_tables.share_embeddings = false;
   ModelConfig ungated = llama_like(false);
   ungated.gated = false;
   ModelConfig mean_pool = bert_like(Arch::EncoderClassifier);
@@ -183,7 +199,9 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
       {alibi, {"positional = alibi", "gpt2 or llama"}},
       {post, {"norm_first = false", "gpt2", "pre-norm"}},
       {gqa, {"n_kv_heads = 2", "gpt2"}},
-      {main_job, {"positional = sinusoidal", "marian", "sinusoidal_split_half"}},
+      {old_main_job, {"positional = sinusoidal", "pegasus", "sinusoidal_split_half"}},
+      {post_fused, {"fused_qkv = true", "marian", "q_proj, k_proj and v_proj"}},
+      {two_tables, {"share_embeddings = false", "pegasus", "one embedding table"}},
       {ungated, {"gated = false", "llama"}},
       {mean_pool, {"pooling = mean", "bert"}},
       {tanh, {"activation = tanh", "gpt2"}},

@@ -298,13 +298,16 @@ ModelConfig bert_config(const Keys& c) {
   return m;
 }
 
-ModelConfig marian_config(const Keys& c) {
+// Marian and Pegasus: BART's layout (q/k/v/out projections, fc1/fc2, split-half sinusoids from
+// position 0, final_logits_bias); Marian's layers are post-norm, Pegasus's pre-norm with a final
+// norm on each stack. The defaults are each config class's own.
+ModelConfig bart_like_config(const Keys& c, bool pegasus) {
   ModelConfig m;
   m.arch = Arch::EncoderDecoder;
-  m.vocab_size = c.integer("vocab_size", 58101);
+  m.vocab_size = c.integer("vocab_size", pegasus ? 50265 : 58101);
   const int64_t dec_vocab = c.integer("decoder_vocab_size", m.vocab_size);
   check(dec_vocab == m.vocab_size, c.source, ": \"decoder_vocab_size\" is ", dec_vocab, " but \"vocab_size\" is ",
-        m.vocab_size, ": qkv reads Marian models with one vocabulary");
+        m.vocab_size, ": qkv reads Marian and Pegasus models with one vocabulary");
   m.d_model = c.integer("d_model", 1024);
   m.n_encoder_layers = c.integer("encoder_layers", 12);
   m.n_decoder_layers = c.integer("decoder_layers", 12);
@@ -318,29 +321,39 @@ ModelConfig marian_config(const Keys& c) {
         ": qkv's encoder and decoder have the same feed-forward size");
   m.activation = hf_activation(c, "activation_function", "gelu");
   m.norm = NormKind::LayerNorm;
-  m.norm_eps = 1e-5;  // nn.LayerNorm's default, which Marian uses
-  m.norm_first = false;
-  m.final_norm = false;
+  m.norm_eps = 1e-5;  // nn.LayerNorm's default, which both use
+  m.norm_first = pegasus;
+  m.final_norm = pegasus;
   m.positional = Positional::SinusoidalSplitHalf;
   m.max_len = c.integer("max_position_embeddings", 1024);
   m.scale_embeddings = c.boolean("scale_embedding", false);
-  m.share_embeddings = c.boolean("share_encoder_decoder_embeddings", true);
+  m.share_embeddings = pegasus || c.boolean("share_encoder_decoder_embeddings", true);
   m.tie_embeddings = c.boolean("tie_word_embeddings", true);
   m.logits_bias = true;
   m.bias = true;
   m.fused_qkv = false;
   m.init_std = c.number("init_std", 0.02);
   m.dropout = c.number("dropout", 0.1);
-  c.refuse_unless("normalize_before", false, "pre-norm layers");
-  c.refuse_unless("normalize_embedding", false, "a norm over the embeddings");
-  c.refuse_unless("add_final_layer_norm", false, "a final norm");
-  m.pad_id = c.token("pad_token_id", 58100 < m.vocab_size ? 58100 : -1, m.vocab_size);
-  m.eos_id = c.token("eos_token_id", 0, m.vocab_size);
+  if (!pegasus) {
+    c.refuse_unless("normalize_before", false, "pre-norm layers");
+    c.refuse_unless("normalize_embedding", false, "a norm over the embeddings");
+    c.refuse_unless("add_final_layer_norm", false, "a final norm");
+  }
+  if (pegasus) {
+    m.pad_id = c.token("pad_token_id", 0, m.vocab_size);
+    m.eos_id = c.token("eos_token_id", 1, m.vocab_size);
+  } else {
+    m.pad_id = c.token("pad_token_id", 58100 < m.vocab_size ? 58100 : -1, m.vocab_size);
+    m.eos_id = c.token("eos_token_id", 0, m.vocab_size);
+  }
   // the decoder starts from decoder_start_token_id (the pad token in OPUS-MT), attended to
   m.bos_id = c.token("decoder_start_token_id", m.pad_id, m.vocab_size);
   check(m.bos_id >= 0, c.source, ": \"decoder_start_token_id\" is needed (the decoder's first input)");
   return m;
 }
+
+ModelConfig marian_config(const Keys& c) { return bart_like_config(c, false); }
+ModelConfig pegasus_config(const Keys& c) { return bart_like_config(c, true); }
 
 // ---- weights -----------------------------------------------------------------------------------
 
@@ -541,6 +554,23 @@ std::vector<Rule> bert_rules(const ModelConfig& c, const std::string& p, std::se
   return r;
 }
 
+// q_proj, k_proj and v_proj from a fused in_proj_weight (qkv's own layout, exported) or from
+// separate matrices (as every Hugging Face folder holds them)
+void bart_attention(std::vector<Rule>& r, const ModelConfig& c, const std::string& qkv_prefix, const std::string& h) {
+  if (!c.fused_qkv) {
+    separate_attention(r, c, qkv_prefix, h + "q_proj", h + "k_proj", h + "v_proj", h + "out_proj");
+    return;
+  }
+  const int64_t D = c.d_model, H = c.n_heads, G = c.kv_heads(), Dk = c.head_dim_k(), Dv = c.head_dim_v();
+  r.push_back({qkv_prefix + "in_proj_weight",
+               {{h + "q_proj.weight", {H * Dk, D}}, {h + "k_proj.weight", {G * Dk, D}}, {h + "v_proj.weight", {G * Dv, D}}}});
+  r.push_back({qkv_prefix + "in_proj_bias",
+               {{h + "q_proj.bias", {H * Dk}}, {h + "k_proj.bias", {G * Dk}}, {h + "v_proj.bias", {G * Dv}}}});
+  r.push_back({qkv_prefix + "out_proj.weight", {{h + "out_proj.weight", {D, H * Dv}}}});
+  r.push_back({qkv_prefix + "out_proj.bias", {{h + "out_proj.bias", {D}}}});
+}
+
+// Marian's names, and Pegasus's (the same, and each stack's final norm)
 std::vector<Rule> marian_rules(const ModelConfig& c, const std::string& p, std::set<std::string>& ignore) {
   const int64_t D = c.d_model, F = c.d_ff, V = c.vocab_size;
   std::vector<Rule> r;
@@ -557,8 +587,7 @@ std::vector<Rule> marian_rules(const ModelConfig& c, const std::string& p, std::
   ignore.insert(p + "decoder.embed_positions.weight");
   for (int64_t i = 0; i < c.n_encoder_layers; ++i) {
     const std::string h = p + "encoder.layers." + std::to_string(i) + ".", l = "encoder.layers." + std::to_string(i) + ".";
-    separate_attention(r, c, l + "self_attn.", h + "self_attn.q_proj", h + "self_attn.k_proj", h + "self_attn.v_proj",
-                       h + "self_attn.out_proj");
+    bart_attention(r, c, l + "self_attn.", h + "self_attn.");
     norm_rule(r, l + "norm1", h + "self_attn_layer_norm", D);
     linear_rule(r, l + "linear1", h + "fc1", F, D);
     linear_rule(r, l + "linear2", h + "fc2", D, F);
@@ -566,15 +595,17 @@ std::vector<Rule> marian_rules(const ModelConfig& c, const std::string& p, std::
   }
   for (int64_t i = 0; i < c.n_decoder_layers; ++i) {
     const std::string h = p + "decoder.layers." + std::to_string(i) + ".", l = "decoder.layers." + std::to_string(i) + ".";
-    separate_attention(r, c, l + "self_attn.", h + "self_attn.q_proj", h + "self_attn.k_proj", h + "self_attn.v_proj",
-                       h + "self_attn.out_proj");
+    bart_attention(r, c, l + "self_attn.", h + "self_attn.");
     norm_rule(r, l + "norm1", h + "self_attn_layer_norm", D);
-    separate_attention(r, c, l + "multihead_attn.", h + "encoder_attn.q_proj", h + "encoder_attn.k_proj",
-                       h + "encoder_attn.v_proj", h + "encoder_attn.out_proj");
+    bart_attention(r, c, l + "multihead_attn.", h + "encoder_attn.");
     norm_rule(r, l + "norm2", h + "encoder_attn_layer_norm", D);
     linear_rule(r, l + "linear1", h + "fc1", F, D);
     linear_rule(r, l + "linear2", h + "fc2", D, F);
     norm_rule(r, l + "norm3", h + "final_layer_norm", D);
+  }
+  if (c.final_norm) {  // Pegasus
+    norm_rule(r, "encoder.norm", p + "encoder.layer_norm", D);
+    norm_rule(r, "decoder.norm", p + "decoder.layer_norm", D);
   }
   if (c.tie_embeddings) {
     ignore.insert("lm_head.weight");
@@ -730,6 +761,39 @@ json marian_export(const Needs& need, const std::vector<std::string>&) {
           {"init_std", c.init_std}, {"is_encoder_decoder", true}};
 }
 
+// Pegasus: Marian's layout with pre-norm layers and a final norm on each stack, the layout of
+// qkv's own translation models (a fused in_proj_weight is written as q_proj, k_proj, v_proj)
+json pegasus_export(const Needs& need, const std::vector<std::string>&) {
+  const ModelConfig& c = need.c;
+  need(c.positional == Positional::SinusoidalSplitHalf, detail::concat("positional = ", positional_name(c.positional)),
+       "Pegasus's positions are sinusoidal_split_half");
+  need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5,
+       detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
+       "Pegasus uses LayerNorm with eps 1e-5");
+  need(c.norm_first, "norm_first = false", "Pegasus's layers are pre-norm");
+  need(c.final_norm, "final_norm = false", "Pegasus has a final norm on each stack");
+  need(c.bias, "bias = false", "Pegasus has biases");
+  need.plain_heads("Pegasus has n_heads heads of d_model / n_heads");
+  need(!c.gated, "gated = true", "Pegasus's feed-forward is not gated");
+  const char* act = need.activation();
+  need(c.share_embeddings && c.source_vocab() == c.vocab_size,
+       detail::concat("share_embeddings = ", c.share_embeddings ? "true" : "false", ", src_vocab_size = ", c.source_vocab()),
+       "Pegasus has one embedding table for both sides");
+  need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0,
+       detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
+       "Pegasus needs pad, eos and decoder-start tokens");
+  return {{"model_type", "pegasus"}, {"architectures", {"PegasusForConditionalGeneration"}},
+          {"vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"encoder_layers", c.n_encoder_layers},
+          {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", c.n_heads},
+          {"decoder_attention_heads", c.n_heads}, {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
+          {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
+          {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
+          {"tie_word_embeddings", c.tie_embeddings}, {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id},
+          {"forced_eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id}, {"dropout", c.dropout},
+          {"attention_dropout", 0.0}, {"activation_dropout", 0.0}, {"init_std", c.init_std},
+          {"is_encoder_decoder", true}};
+}
+
 json bert_export(const Needs& need, const std::vector<std::string>& labels) {
   const ModelConfig& c = need.c;
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
@@ -824,6 +888,13 @@ const std::vector<Family>& families() {
        },
        "model.", {"shared.weight", "encoder.embed_tokens.weight"},
        [](const ModelConfig&) -> std::string { return "model."; }, marian_export},
+      {"pegasus", pegasus_config, marian_rules,
+       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
+         return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
+                 {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
+       },
+       "model.", {"shared.weight", "encoder.embed_tokens.weight"},
+       [](const ModelConfig&) -> std::string { return "model."; }, pegasus_export},
   };
   return all;
 }
@@ -852,7 +923,10 @@ struct Mapping {
 };
 
 Mapping map_config(const ModelConfig& c, const std::vector<std::string>& labels = {}) {
-  std::string type = c.arch == Arch::EncoderDecoder ? "marian" : c.arch == Arch::Decoder ? "" : "bert";
+  // encoder-decoders by their layers: post-norm is Marian, pre-norm (qkv's translation preset) Pegasus
+  std::string type = c.arch == Arch::EncoderDecoder ? (c.norm_first ? "pegasus" : "marian")
+                     : c.arch == Arch::Decoder     ? ""
+                                                   : "bert";
   if (type.empty()) {
     Needs need{c, "gpt2 or llama"};
     need(c.positional == Positional::Learned || c.positional == Positional::Rope,
@@ -917,8 +991,8 @@ std::string save_hf_model(const Model& model, const std::string& dir, const std:
     }
     check(row == src.size(0), "internal: export rule for ", r.param, " covers ", row, " of ", src.size(0), " rows");
   }
-  if (m.type == "marian") {
-    // Marian's position tables, as transformers computes them (qkv computes its own on load)
+  if (m.type == "marian" || m.type == "pegasus") {
+    // the position tables, as transformers computes them (qkv computes its own on load)
     for (const char* side : {"encoder", "decoder"}) {
       Tensor pe({c.max_len, c.d_model}, DType::F32);
       kernels::sinusoidal_positions(pe.data<float>(), c.max_len, c.d_model, 0, kernels::SinusoidalLayout::SplitHalf);

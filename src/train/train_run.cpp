@@ -121,7 +121,10 @@ ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tok
     switch (task) {
       case Task::Translate:
         c.arch = Arch::EncoderDecoder;
-        c.positional = Positional::Sinusoidal;
+        // the paper's sinusoids with all sines before all cosines (a permutation of the model's
+        // dimensions, so it learns the same), as Hugging Face's Marian and Pegasus lay them out:
+        // `qkv export --format hf` then writes a Pegasus folder
+        c.positional = Positional::SinusoidalSplitHalf;
         c.scale_embeddings = true;
         c.tie_embeddings = true;
         // one vocabulary for both languages, one table: the encoder's and the decoder's embedding
