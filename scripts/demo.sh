@@ -43,6 +43,8 @@ build/qkv eval --model "$OUT" --attention-map "$OUT/attention.svg" --hyp-out "$O
 echo
 echo "Model, tokenizer, metrics.jsonl and loss curve (loss.svg) are in $OUT; the cross-attention"
 echo "map of the first test sentence is $OUT/attention.svg. Try: build/qkv translate --model $OUT"
+echo "Take it to Hugging Face transformers: build/qkv export --model $OUT --format hf --out $OUT-hf"
+echo "  (a PegasusForConditionalGeneration folder with its tokenizer; qkv translates with it too)"
 echo "Serve it over HTTP: build/qkv serve --model $OUT   (then, from another terminal:"
 echo "  curl http://127.0.0.1:8080/v1/translations -d '{\"text\": [\"Where is the station?\"]}'  )"
 echo
