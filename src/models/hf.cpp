@@ -654,7 +654,7 @@ struct Needs {
   const ModelConfig& c;
   std::string type;
   std::shared_ptr<std::vector<std::string>> unmet = std::make_shared<std::vector<std::string>>();
-  void operator()(bool ok, const std::string& setting, const char* why) const {
+  void operator()(bool ok, const std::string& setting, const std::string& why) const {
     if (!ok) unmet->push_back(detail::concat(setting, " (", why, ")"));
   }
   // Throws the one error naming every requirement noted as not met.
@@ -692,8 +692,8 @@ struct Needs {
     (*this)(!c.embed_norm, "embed_norm = true", "it has no embedding norm");
     (*this)(!c.logits_bias, "logits_bias = true", "its head has no bias");
   }
-  // Marian and BERT: post-norm layers without final norms, separate q/k/v with biases, n_heads
-  // plain heads, an ungated feed-forward
+  // BERT: post-norm layers without final norms, separate q/k/v with biases, n_heads plain heads,
+  // an ungated feed-forward
   void post_norm_layers(const char* name, const char* qkv) const {
     (*this)(!c.norm_first, "norm_first = true", detail::concat(name, "'s layers are post-norm").c_str());
     (*this)(!c.final_norm, "final_norm = true", detail::concat(name, " has no final norm").c_str());
@@ -735,63 +735,60 @@ json llama_export(const Needs& need, const std::vector<std::string>&) {
           {"initializer_range", c.init_std}};
 }
 
-json marian_export(const Needs& need, const std::vector<std::string>&) {
+// What Marian and Pegasus both need (split-half positions, LayerNorm with eps 1e-5, biases, plain
+// ungated heads, one vocabulary, the special ids), and the config keys they share.
+json bart_like_export(const Needs& need, const char* name) {
   const ModelConfig& c = need.c;
+  const std::string n = name;
   need(c.positional == Positional::SinusoidalSplitHalf, detail::concat("positional = ", positional_name(c.positional)),
-       "Marian's positions are sinusoidal_split_half");
+       n + "'s positions are sinusoidal_split_half");
   need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5,
        detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
-       "Marian uses LayerNorm with eps 1e-5");
-  need.post_norm_layers("Marian", "q_proj, k_proj and v_proj");
+       n + " uses LayerNorm with eps 1e-5");
+  need(c.bias, "bias = false", n + " has biases");
+  need.plain_heads((n + " has n_heads heads of d_model / n_heads").c_str());
+  need(!c.gated, "gated = true", n + "'s feed-forward is not gated");
   const char* act = need.activation();
   need(c.source_vocab() == c.vocab_size, detail::concat("src_vocab_size = ", c.source_vocab()),
-       "Marian has one vocabulary");
+       n + " has one vocabulary");
   need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0,
        detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
-       "Marian needs pad, eos and decoder-start tokens");
-  return {{"model_type", "marian"}, {"architectures", {"MarianMTModel"}}, {"vocab_size", c.vocab_size},
-          {"decoder_vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"encoder_layers", c.n_encoder_layers},
+       n + " needs pad, eos and decoder-start tokens");
+  return {{"vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"encoder_layers", c.n_encoder_layers},
           {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", c.n_heads},
           {"decoder_attention_heads", c.n_heads}, {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
           {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
           {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
-          {"share_encoder_decoder_embeddings", c.share_embeddings}, {"tie_word_embeddings", c.tie_embeddings},
-          {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id},
-          {"dropout", c.dropout}, {"attention_dropout", 0.0}, {"activation_dropout", 0.0},
-          {"init_std", c.init_std}, {"is_encoder_decoder", true}};
+          {"tie_word_embeddings", c.tie_embeddings}, {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id},
+          {"decoder_start_token_id", c.bos_id}, {"dropout", c.dropout}, {"attention_dropout", 0.0},
+          {"activation_dropout", 0.0}, {"init_std", c.init_std}, {"is_encoder_decoder", true}};
+}
+
+json marian_export(const Needs& need, const std::vector<std::string>&) {
+  const ModelConfig& c = need.c;
+  json j = bart_like_export(need, "Marian");
+  need(!c.norm_first, "norm_first = true", "Marian's layers are post-norm");
+  need(!c.final_norm, "final_norm = true", "Marian has no final norm");
+  need(!c.fused_qkv, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
+  j["model_type"] = "marian";
+  j["architectures"] = {"MarianMTModel"};
+  j["decoder_vocab_size"] = c.vocab_size;
+  j["share_encoder_decoder_embeddings"] = c.share_embeddings;
+  return j;
 }
 
 // Pegasus: Marian's layout with pre-norm layers and a final norm on each stack, the layout of
 // qkv's own translation models (a fused in_proj_weight is written as q_proj, k_proj, v_proj)
 json pegasus_export(const Needs& need, const std::vector<std::string>&) {
   const ModelConfig& c = need.c;
-  need(c.positional == Positional::SinusoidalSplitHalf, detail::concat("positional = ", positional_name(c.positional)),
-       "Pegasus's positions are sinusoidal_split_half");
-  need(c.norm == NormKind::LayerNorm && c.norm_eps == 1e-5,
-       detail::concat("norm = ", c.norm == NormKind::LayerNorm ? "layernorm" : "rmsnorm", ", norm_eps = ", c.norm_eps),
-       "Pegasus uses LayerNorm with eps 1e-5");
+  json j = bart_like_export(need, "Pegasus");
   need(c.norm_first, "norm_first = false", "Pegasus's layers are pre-norm");
   need(c.final_norm, "final_norm = false", "Pegasus has a final norm on each stack");
-  need(c.bias, "bias = false", "Pegasus has biases");
-  need.plain_heads("Pegasus has n_heads heads of d_model / n_heads");
-  need(!c.gated, "gated = true", "Pegasus's feed-forward is not gated");
-  const char* act = need.activation();
-  need(c.share_embeddings && c.source_vocab() == c.vocab_size,
-       detail::concat("share_embeddings = ", c.share_embeddings ? "true" : "false", ", src_vocab_size = ", c.source_vocab()),
-       "Pegasus has one embedding table for both sides");
-  need(c.pad_id >= 0 && c.eos_id >= 0 && c.bos_id >= 0,
-       detail::concat("pad_id = ", c.pad_id, ", bos_id = ", c.bos_id, ", eos_id = ", c.eos_id),
-       "Pegasus needs pad, eos and decoder-start tokens");
-  return {{"model_type", "pegasus"}, {"architectures", {"PegasusForConditionalGeneration"}},
-          {"vocab_size", c.vocab_size}, {"d_model", c.d_model}, {"encoder_layers", c.n_encoder_layers},
-          {"decoder_layers", c.n_decoder_layers}, {"encoder_attention_heads", c.n_heads},
-          {"decoder_attention_heads", c.n_heads}, {"encoder_ffn_dim", c.d_ff}, {"decoder_ffn_dim", c.d_ff},
-          {"activation_function", c.activation == Activation::SiLU ? "swish" : act},
-          {"max_position_embeddings", c.max_len}, {"scale_embedding", c.scale_embeddings},
-          {"tie_word_embeddings", c.tie_embeddings}, {"pad_token_id", c.pad_id}, {"eos_token_id", c.eos_id},
-          {"forced_eos_token_id", c.eos_id}, {"decoder_start_token_id", c.bos_id}, {"dropout", c.dropout},
-          {"attention_dropout", 0.0}, {"activation_dropout", 0.0}, {"init_std", c.init_std},
-          {"is_encoder_decoder", true}};
+  need(c.share_embeddings, "share_embeddings = false", "Pegasus has one embedding table for both sides");
+  j["model_type"] = "pegasus";
+  j["architectures"] = {"PegasusForConditionalGeneration"};
+  j["forced_eos_token_id"] = c.eos_id;
+  return j;
 }
 
 json bert_export(const Needs& need, const std::vector<std::string>& labels) {
@@ -862,6 +859,12 @@ struct Family {
   json (*export_config)(const Needs&, const std::vector<std::string>& labels);
 };
 
+// Marian's and Pegasus's layer stacks
+std::vector<LayerStack> bart_stacks(const ModelConfig& c, const std::string& p) {
+  return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
+          {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
+}
+
 const std::vector<Family>& families() {
   static const std::vector<Family> all = {
       {"gpt2", gpt2_config, gpt2_rules,
@@ -882,17 +885,11 @@ const std::vector<Family>& families() {
        // BertModel saves bare names, the heads' classes under "bert."
        [](const ModelConfig& c) -> std::string { return c.arch == Arch::Encoder ? "" : "bert."; }, bert_export},
       {"marian", marian_config, marian_rules,
-       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
-         return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
-                 {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
-       },
+       bart_stacks,
        "model.", {"shared.weight", "encoder.embed_tokens.weight"},
        [](const ModelConfig&) -> std::string { return "model."; }, marian_export},
       {"pegasus", pegasus_config, marian_rules,
-       [](const ModelConfig& c, const std::string& p) -> std::vector<LayerStack> {
-         return {{"encoder_layers", c.n_encoder_layers, p + "encoder.layers.", ".fc1.weight"},
-                 {"decoder_layers", c.n_decoder_layers, p + "decoder.layers.", ".fc1.weight"}};
-       },
+       bart_stacks,
        "model.", {"shared.weight", "encoder.embed_tokens.weight"},
        [](const ModelConfig&) -> std::string { return "model."; }, pegasus_export},
   };
