@@ -133,26 +133,10 @@ double sum_squares(const float* g, int64_t n) {
 }
 
 namespace {
-// a . b over K: W lanes of fused multiply-adds, then the lanes summed in a fixed tree, then the
-// tail in order. Four columns share each load of a.
-inline void dot4(const float* a, const float* b0, const float* b1, const float* b2, const float* b3, int64_t K,
-                 float out[4]) {
-  vf s0{}, s1{}, s2{}, s3{};
-  int64_t k = 0;
-  for (; k + W <= K; k += W) {
-    const vf x = simd::load(a + k);
-    s0 = simd::fma(x, simd::load(b0 + k), s0);
-    s1 = simd::fma(x, simd::load(b1 + k), s1);
-    s2 = simd::fma(x, simd::load(b2 + k), s2);
-    s3 = simd::fma(x, simd::load(b3 + k), s3);
-  }
-  float r0 = simd::hsum(s0), r1 = simd::hsum(s1), r2 = simd::hsum(s2), r3 = simd::hsum(s3);
-  for (; k < K; ++k) r0 += a[k] * b0[k], r1 += a[k] * b1[k], r2 += a[k] * b2[k], r3 += a[k] * b3[k];
-  out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
-}
-
 // Two rows against four columns: each B load serves both rows, each A load four columns. Every
-// (row, column) has its own accumulator with the same sequence of operations as dot4 and dot1.
+// (row, column) has its own accumulator with the same sequence of operations as dot1: a . b over
+// K as W lanes of fused multiply-adds, then the lanes summed in a fixed tree, then the tail in
+// order.
 inline void dot2x4(const float* a0, const float* a1, const float* b0, const float* b1, const float* b2,
                    const float* b3, int64_t K, float out0[4], float out1[4]) {
   vf s00{}, s01{}, s02{}, s03{}, s10{}, s11{}, s12{}, s13{};
