@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 
 #include "qkv/tensor.h"
 
@@ -60,6 +61,12 @@ class SignalsOpen {
  private:
   sigset_t inside_;
 };
+
+// For GenerateConfig::on_step within a Computing: between decoding steps, a pending signal (Ctrl-C)
+// is taken on this thread with the GIL, and its Python handler's exception (KeyboardInterrupt)
+// ends the generation; a handler that returns lets it go on. A step with nothing pending costs a
+// sigpending call.
+std::function<void(int64_t)> signals_between_steps(const Computing& c);
 
 void bind_attention(py::module_& m);
 void bind_model(py::module_& m);

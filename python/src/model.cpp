@@ -289,6 +289,7 @@ void bind_model(py::module_& m) {
               std::vector<Generation> out;
               {
                 Busy busy(p);
+                g.on_step = signals_between_steps(busy.computing);  // Ctrl-C between tokens
                 out = generate(*p.model, rows, g);
               }
               py::list these;
@@ -360,6 +361,7 @@ void bind_model(py::module_& m) {
               std::vector<Generation> gen;
               {
                 Busy busy(p);
+                g.on_step = signals_between_steps(busy.computing);  // Ctrl-C between tokens
                 gen = translate(*p.model, src, g);
               }
               for (size_t k = b0; k < b1; ++k) out[rows[k]] = output_text(p.tokenizer(), gen[k - b0].tokens);

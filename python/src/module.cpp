@@ -64,6 +64,20 @@ SignalsOpen::SignalsOpen(const Computing& c) { pthread_sigmask(SIG_SETMASK, &c.o
 
 SignalsOpen::~SignalsOpen() { pthread_sigmask(SIG_SETMASK, &inside_, nullptr); }
 
+std::function<void(int64_t)> signals_between_steps(const Computing& c) {
+  return [&c](int64_t) {
+    sigset_t pending;
+    if (sigpending(&pending) != 0) return;
+    const sigset_t watched = async_signals();
+    bool any = false;
+    for (int s = 1; s < NSIG && !any; ++s) any = sigismember(&watched, s) == 1 && sigismember(&pending, s) == 1;
+    if (!any) return;
+    py::gil_scoped_acquire gil;
+    const SignalsOpen open(c);  // the pending signal is delivered here, on a thread between steps
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  };
+}
+
 Tensor tensor_of(const py::handle& obj, DType dtype, const char* name) {
   if (!py::isinstance<py::array>(obj) && !py::isinstance<py::list>(obj) && !py::isinstance<py::tuple>(obj) &&
       !py::isinstance<py::float_>(obj) && !py::isinstance<py::int_>(obj) && !py::isinstance<py::bool_>(obj))

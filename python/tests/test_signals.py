@@ -90,3 +90,42 @@ except KeyboardInterrupt:
     out, _ = p.communicate(timeout=120)
     assert p.returncode == 0 and "interrupted; checkpoint True" in out, out
     assert (tmp_path / "run" / "checkpoint.safetensors").exists()
+
+
+def test_ctrl_c_stops_a_long_generation_between_tokens(corpus, tmp_path):
+    # 32 sampled continuations of up to 1,000 tokens from a model trained for one step (its
+    # end-of-text is about 1 token in 260, so some row runs for hundreds of tokens); Ctrl-C is
+    # taken between two tokens, not when the whole call returns
+    code = """
+import time
+import qkv
+qkv.set_num_threads(2)
+qkv.train(out="run", task="lm", data=%r, preset="tiny", max_len=1024, max_tokens=4096, tokenizer="byte",
+          steps=1, log=False)
+m = qkv.Model.load("run")
+def once():
+    t0 = time.time()
+    m.generate("one two", max_new_tokens=1000, temperature=1.0, seed=1, n=32)
+    return time.time() - t0
+once()  # warm
+t0 = time.time()
+open("started", "w").close()
+try:
+    once()
+    print("not interrupted")
+except KeyboardInterrupt:
+    cut = time.time() - t0
+    print("interrupted after %%.2f s; whole %%.2f s" %% (cut, once()))
+""" % corpus
+    p = run_child(code, tmp_path)
+    t0 = time.time()
+    while not (tmp_path / "started").exists():
+        assert p.poll() is None and time.time() - t0 < 300, p.stdout.read()
+        time.sleep(0.01)
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0 and "interrupted after" in out, out
+    words = out.split()
+    cut, whole = float(words[-5]), float(words[-2])
+    assert cut < whole / 2, out
