@@ -673,13 +673,29 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
                     float* dk, float* dv, void* ws, int threads) {
   const AttnShape& s = in.s;
   const int64_t BH = s.B * s.H, BHkv = s.B * s.Hkv, group = s.H / std::max<int64_t>(s.Hkv, 1);
-  if (BHkv > 0 && s.Tk > 0) {
-    std::fill(dk, dk + BHkv * s.Tk * s.Dk, 0.0f);
-    std::fill(dv, dv + BHkv * s.Tk * s.Dv, 0.0f);
+  // dK, dV and dQ start at zero, each thread zeroing slices of 64 KiB (a training step's
+  // attention gradients are megabytes; zeroed on one thread, the others waited)
+  {
+    const int64_t nk = BHkv > 0 && s.Tk > 0 ? BHkv * s.Tk : 0, nq = BH * s.Tq;
+    float* const parts[3] = {dk, dv, dq};
+    const int64_t sizes[3] = {nk * s.Dk, nk * s.Dv, nq * s.Dk};
+    constexpr int64_t kSlice = 16384;
+    int64_t slices = 0;
+    for (int64_t n : sizes) slices += (n + kSlice - 1) / kSlice;
+#pragma omp parallel for num_threads(slices > 1 ? threads : 1) schedule(static)
+    for (int64_t t = 0; t < slices; ++t) {
+      int64_t i = t;
+      for (int part = 0; part < 3; ++part) {
+        const int64_t here = (sizes[part] + kSlice - 1) / kSlice;
+        if (i < here) {
+          std::fill(parts[part] + i * kSlice, parts[part] + std::min(sizes[part], (i + 1) * kSlice), 0.0f);
+          break;
+        }
+        i -= here;
+      }
+    }
   }
-  if (BH == 0 || s.Tq == 0) return;
-  std::fill(dq, dq + BH * s.Tq * s.Dk, 0.0f);
-  if (s.Tk == 0) return;
+  if (BH == 0 || s.Tq == 0 || s.Tk == 0) return;
   const Layout L(s, threads, true);
   float* qs_rows = at<float>(ws, L.qs_rows);
   float* qs_t = at<float>(ws, L.qs_t);

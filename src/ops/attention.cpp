@@ -289,8 +289,12 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
         ", got ", dout.defined() ? dout.describe() : "nothing");
   check(lse.defined() && lse.shape() == lshape && lse.dtype() == dt, "lse: expected ", dname, shape_str(lshape),
         ", got ", lse.defined() ? lse.describe() : "nothing");
-  Tensor dq({s.B, s.H, s.Tq, s.Dk}, DType::F32), dk({s.B, s.Hkv, s.Tk, s.Dk}, DType::F32),
-      dv({s.B, s.Hkv, s.Tk, s.Dv}, DType::F32);
+  // the flash kernel writes every element of the gradients (zeroing them itself, on every thread)
+  const bool flash = spec.impl != AttentionImpl::Reference && spec.impl != AttentionImpl::ReferenceFloat32;
+  auto grad = [flash](std::vector<int64_t> shape) {
+    return flash ? Tensor::empty(std::move(shape), DType::F32) : Tensor(std::move(shape), DType::F32);
+  };
+  Tensor dq = grad({s.B, s.H, s.Tq, s.Dk}), dk = grad({s.B, s.Hkv, s.Tk, s.Dk}), dv = grad({s.B, s.Hkv, s.Tk, s.Dv});
   Tensor o = out.contiguous(), dO = dout.contiguous(), l = lse.contiguous();
   if (spec.impl == AttentionImpl::Reference) {
     ref_backward<double>(p, dO, dq, dk, dv);
