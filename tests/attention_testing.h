@@ -175,10 +175,10 @@ inline DirectResult flash_w16(const Tensor& q, const Tensor& k, const Tensor& v,
   auto workspace = [](size_t bytes) {
     return std::unique_ptr<void, decltype(&std::free)>(std::aligned_alloc(64, (bytes + 127) / 64 * 64), &std::free);
   };
-  auto ws = workspace(kernels::w16avx2::flash_forward_workspace(s, threads));
+  auto ws = workspace(kernels::w16avx2::flash_forward_workspace(s, threads, false));
   kernels::w16avx2::flash_forward(in, r.out.data<float>(), r.lse.data<float>(), ws.get(), threads);
   Tensor dc = dout.contiguous();
-  auto wb = workspace(kernels::w16avx2::flash_backward_workspace(s, threads));
+  auto wb = workspace(kernels::w16avx2::flash_backward_workspace(s, threads, false));
   kernels::w16avx2::flash_backward(in, r.out.data<float>(), dc.data<float>(), r.lse.data<float>(), r.dq.data<float>(),
                                    r.dk.data<float>(), r.dv.data<float>(), wb.get(), threads);
   return r;

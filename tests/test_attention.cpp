@@ -475,5 +475,168 @@ TEST(Reference, Float64InputsGiveFloat64ResultsAndGradients) {
   EXPECT_NE(error_of([&] { attention(q.to(DType::F64), k, v, spec); }).find("k: expected float64"), std::string::npos);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// bfloat16 tile products (training's --precision bf16, under a Bf16Matmul): each product's two
+// operands rounded to bfloat16 and summed in float32 on AVX512_BF16. Judged three ways against
+// the exact float64 oracle and against its twin, the float64 reference that rounds the same
+// operands (AttnInputs::bf16):
+//  - with one key block per row (Tk <= 96) the kernel rounds exactly what the twin rounds, so it
+//    sits far closer to the twin than the twin sits to the exact result (a kernel that did not
+//    round, or rounded other operands, is as far from the twin as the exact result is);
+//  - always: its error against the exact result is at most twice the twin's (the plain bf16
+//    attention's), plus the float32 epsilon; and at least a quarter of it (it did round);
+//  - fully masked rows stay exact, and the bits do not depend on the thread count (one pass or
+//    two in backward, whose dQ sums pair keys from an even key in both).
+struct Bf16Errors {
+  double fast_twin = 0, twin_exact = 0, fast_exact = 0;
+};
+Bf16Errors bf16_errors(const Tensor& fast, const std::vector<double>& twin, const std::vector<double>& exact) {
+  Bf16Errors e;
+  const std::vector<float> f = values(fast);
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (!std::isfinite(twin[i]) || !std::isfinite(exact[i])) continue;  // -inf lse of a blocked row: checked apart
+    e.fast_twin = std::max(e.fast_twin, std::fabs(f[i] - twin[i]));
+    e.twin_exact = std::max(e.twin_exact, std::fabs(twin[i] - exact[i]));
+    e.fast_exact = std::max(e.fast_exact, std::fabs(f[i] - exact[i]));
+  }
+  return e;
+}
+
+Oracle bf16_twin(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec) {
+  KernelInputs<double> ki(q, k, v, spec);
+  ki.in.bf16 = true;
+  const kernels::AttnShape& s = ki.in.s;
+  Oracle o;
+  o.out.resize(s.B * s.H * s.Tq * s.Dv);
+  o.lse.resize(s.B * s.H * s.Tq);
+  kernels::attention_ref_forward<double>(ki.in, o.out.data(), o.lse.data(), 2);
+  Tensor dd = dout.to(DType::F64);
+  o.dq.resize(s.B * s.H * s.Tq * s.Dk);
+  o.dk.resize(s.B * s.Hkv * s.Tk * s.Dk);
+  o.dv.resize(s.B * s.Hkv * s.Tk * s.Dv);
+  kernels::attention_ref_backward<double>(ki.in, dd.data<double>(), o.dq.data(), o.dk.data(), o.dv.data(), 2);
+  return o;
+}
+
+TEST(FlashBf16, MatchesItsTwinAndIsAsAccurateAsPlainBf16) {
+  if (!kernels::flash_bf16_supported(Isa::AVX512))
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: attention's products stay float32 under a Bf16Matmul";
+  std::mt19937 rng(31);
+  const std::vector<int64_t> Ts = {2, 5, 17, 48, 49, 95, 96, 97, 150, 257};  // Tq = 1: see SingleQueryRowStaysFloat32
+  const std::vector<int64_t> Ds = {1, 3, 16, 21, 33, 64, 80};
+  const std::vector<std::pair<int64_t, int64_t>> heads = {{1, 1}, {3, 3}, {4, 2}, {8, 1}};
+  auto pick = [&](const auto& v) { return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)]; };
+  int tight = 0;
+  for (int c = 0; c < 48; ++c) {
+    const int64_t B = std::uniform_int_distribution<int64_t>(1, 3)(rng);
+    const int64_t Tq = pick(Ts), Tk = c % 5 ? pick(Ts) : 1, Dk = pick(Ds), Dv = pick(Ds);
+    const auto [H, Hkv] = pick(heads);
+    AttentionSpec spec;
+    const std::string mname = apply_mask(c % kMaskKinds, spec, B, H, Tq, Tk, rng);
+    const std::string ctx = "case " + std::to_string(c) + ": B=" + std::to_string(B) + " H/Hkv=" + std::to_string(H) +
+                            "/" + std::to_string(Hkv) + " Tq=" + std::to_string(Tq) + " Tk=" + std::to_string(Tk) +
+                            " Dk=" + std::to_string(Dk) + " Dv=" + std::to_string(Dv) + " mask: " + mname;
+    SCOPED_TRACE(ctx);
+    Tensor q = randn({B, H, Tq, Dk}, rng), k = randn({B, Hkv, Tk, Dk}, rng), v = randn({B, Hkv, Tk, Dv}, rng);
+    Tensor dout = randn({B, H, Tq, Dv}, rng);
+    const Oracle exact = oracle(q, k, v, dout, spec), twin = bf16_twin(q, k, v, dout, spec);
+    AttentionOutput fo[2];
+    AttentionGrads fg[2];
+    for (int threads : {1, 2}) {
+      AttentionSpec fs = spec;
+      fs.isa = Isa::AVX512;
+      fs.threads = threads;
+      const Tensor qv = c % 2 ? strided(q, 1, rng) : q;
+      Bf16Matmul bf16;
+      fo[threads - 1] = attention(qv, k, v, fs);
+      fg[threads - 1] = attention_backward(qv, k, v, fo[threads - 1].out, fo[threads - 1].lse, dout, fs);
+    }
+    EXPECT_TRUE(bitwise_equal(fo[0].out, fo[1].out) && bitwise_equal(fo[0].lse, fo[1].lse));
+    EXPECT_TRUE(bitwise_equal(fg[0].dq, fg[1].dq) && bitwise_equal(fg[0].dk, fg[1].dk) &&
+                bitwise_equal(fg[0].dv, fg[1].dv));
+    check_masked_rows(fo[0].out, fo[0].lse, fg[0].dq, exact.lse, Dv, Dk, ctx);
+    const double eps = 2e-6 * (1 + max_abs(exact.out)), gp = geps(exact);
+    const struct {
+      const char* name;
+      const Tensor& fast;
+      const std::vector<double>&twin, &exact;
+      double eps;
+    } outs[] = {{"out", fo[0].out, twin.out, exact.out, eps},
+                {"lse", fo[0].lse, twin.lse, exact.lse, 2e-6 * (1 + max_abs(exact.lse))},
+                {"dq", fg[0].dq, twin.dq, exact.dq, gp},
+                {"dk", fg[0].dk, twin.dk, exact.dk, gp},
+                {"dv", fg[0].dv, twin.dv, exact.dv, gp}};
+    for (const auto& o : outs) {
+      const Bf16Errors e = bf16_errors(o.fast, o.twin, o.exact);
+      SCOPED_TRACE(std::string(o.name) + ": |fast - twin| " + std::to_string(e.fast_twin) + ", |twin - exact| " +
+                   std::to_string(e.twin_exact) + ", |fast - exact| " + std::to_string(e.fast_exact));
+      EXPECT_LE(e.fast_exact, 2 * e.twin_exact + o.eps);
+      if (e.twin_exact > 50 * o.eps) {  // rounding to bf16 shows (not, e.g., for a single key's out = v)
+        EXPECT_GE(e.fast_exact, 0.25 * e.twin_exact);
+        if (Tk <= 96) {
+          EXPECT_LE(e.fast_twin, 0.25 * e.twin_exact);
+        }
+      }
+    }
+    tight += Tk <= 96;
+  }
+  EXPECT_GE(tight, 16);
+}
+
+// One query row per (b, h), a decoding step's shape, takes the float32 decoding kernel in the
+// forward pass, so both passes stay float32 there (backward recomputes the scores forward saved):
+// the same bits as without the Bf16Matmul.
+TEST(FlashBf16, SingleQueryRowStaysFloat32) {
+  if (!kernels::flash_bf16_supported(Isa::AVX512))
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: attention's products stay float32 under a Bf16Matmul";
+  std::mt19937 rng(8);
+  Tensor k = randn({2, 2, 40, 32}, rng), v = randn({2, 2, 40, 16}, rng);
+  AttentionSpec spec;
+  spec.causal = true;
+  for (int64_t Tq : {1, 2}) {
+    Tensor q = randn({2, 4, Tq, 32}, rng), dout = randn({2, 4, Tq, 16}, rng);
+    const AttentionOutput a = attention(q, k, v, spec);
+    const AttentionGrads ga = attention_backward(q, k, v, a.out, a.lse, dout, spec);
+    Bf16Matmul bf16;
+    const AttentionOutput b = attention(q, k, v, spec);
+    const AttentionGrads gb = attention_backward(q, k, v, b.out, b.lse, dout, spec);
+    const bool same = bitwise_equal(a.out, b.out) && bitwise_equal(a.lse, b.lse) && bitwise_equal(ga.dq, gb.dq) &&
+                      bitwise_equal(ga.dk, gb.dk) && bitwise_equal(ga.dv, gb.dv);
+    // one row: the float32 bits; two rows round (so the first check cannot pass by bf16 being off)
+    EXPECT_EQ(same, Tq == 1) << "Tq = " << Tq;
+  }
+}
+
+// Blocked keys stay unread with bf16 products too: NaN in the K and V rows past each batch row's
+// length (and a NaN query row's own output) change nothing else.
+TEST(FlashBf16, BlockedKeysAreNeverRead) {
+  if (!kernels::flash_bf16_supported(Isa::AVX512))
+    GTEST_SKIP() << "this CPU has no AVX512_BF16: attention's products stay float32 under a Bf16Matmul";
+  std::mt19937 rng(5);
+  const int64_t B = 2, H = 4, Hkv = 2, Tq = 70, Tk = 130, D = 32;
+  Tensor q = randn({B, H, Tq, D}, rng), k = randn({B, Hkv, Tk, D}, rng), v = randn({B, Hkv, Tk, D}, rng);
+  Tensor dout = randn({B, H, Tq, D}, rng);
+  AttentionSpec spec;
+  spec.causal = true;
+  spec.key_lengths = Tensor::from<int32_t>({B}, {101, 57});
+  const int32_t lens[2] = {101, 57};
+  Tensor k2 = k.clone(), v2 = v.clone();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t j = lens[b]; j < Tk; ++j)
+        for (int64_t d = 0; d < D; ++d) at4(k2, b, h, j, d) = at4(v2, b, h, j, d) = std::nanf("");
+  Bf16Matmul bf16;
+  const AttentionOutput a = attention(q, k, v, spec), b = attention(q, k2, v2, spec);
+  const AttentionGrads ga = attention_backward(q, k, v, a.out, a.lse, dout, spec);
+  const AttentionGrads gb = attention_backward(q, k2, v2, b.out, b.lse, dout, spec);
+  EXPECT_TRUE(bitwise_equal(a.out, b.out));
+  EXPECT_TRUE(bitwise_equal(ga.dq, gb.dq));
+  // dk, dv of the blocked keys are zero in both; the allowed keys' gradients are the same bits
+  EXPECT_TRUE(bitwise_equal(ga.dk, gb.dk));
+  EXPECT_TRUE(bitwise_equal(ga.dv, gb.dv));
+  for (float x : values(b.out)) ASSERT_TRUE(std::isfinite(x));
+}
+
 }  // namespace
 }  // namespace qkv::testing

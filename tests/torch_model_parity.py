@@ -50,6 +50,7 @@ import argparse
 import copy
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -486,14 +487,94 @@ class Bf16Linear(torch.autograd.Function):
         return dx, dw, db
 
 
-def torch_train_bf16(case, decay_all, wd=WD):
-    """torch_train with every F.linear (nn.Linear and nn.MultiheadAttention's projections) as Bf16Linear."""
-    plain = F.linear
-    F.linear = lambda x, w, b=None: Bf16Linear.apply(x, w, b)
-    try:
+class Bf16Attention(torch.autograd.Function):
+    """softmax(qs k^T + mask) v as qkv's attention computes it under --precision bf16 on a CPU with
+    AVX512_BF16 (docs/numerics.md): every product's two operands rounded to bfloat16, sums in
+    float32, the softmax in float32. Forward: S = bf16(qs) bf16(k)^T + mask, e = exp(S - rowmax),
+    out = (bf16(e) bf16(v)) / rowsum(e) (qkv's tiles round e against the running max, which is
+    the row's max while a row's keys fit one tile of 96, as here). Backward, from the saved
+    output: P = e / rowsum(e), dV = bf16(P)^T bf16(dO), dP = bf16(dO) bf16(v)^T,
+    D = rowsum(dO * out), dS = P (dP - D), dqs = bf16(dS) bf16(k), dk = bf16(dS)^T bf16(qs).
+    qs: the scaled queries (B*H, Tq, hd); mask: additive, broadcastable to (B*H, Tq, Tk), or None."""
+
+    @staticmethod
+    def forward(ctx, qs, k, v, mask):
+        s = bf16_round(qs) @ bf16_round(k).transpose(-2, -1)
+        if mask is not None:
+            s = s + mask
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        e = torch.exp(s - m)
+        l = e.sum(-1, keepdim=True)
+        out = (bf16_round(e) @ bf16_round(v)) / l
+        ctx.save_for_backward(qs, k, v, e / l, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        qs, k, v, p, out = ctx.saved_tensors
+        dor = bf16_round(dout)
+        dv = bf16_round(p).transpose(-2, -1) @ dor
+        dp = dor @ bf16_round(v).transpose(-2, -1)
+        d = (dout * out).sum(-1, keepdim=True)
+        ds = bf16_round(p * (dp - d))
+        return ds @ bf16_round(k), ds.transpose(-2, -1) @ bf16_round(qs), dv, None
+
+
+def bf16_multi_head_attention_forward(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias,
+                                      bias_k, bias_v, add_zero_attn, dropout_p, out_proj_weight, out_proj_bias,
+                                      training=True, key_padding_mask=None, need_weights=True, attn_mask=None,
+                                      use_separate_proj_weight=False, q_proj_weight=None, k_proj_weight=None,
+                                      v_proj_weight=None, static_k=None, static_v=None, average_attn_weights=True):
+    """F.multi_head_attention_forward for the models here ((T, B, E) inputs, packed projections, no
+    bias_k / bias_v / zero attention / static keys, dropout 0), with its attention as Bf16Attention."""
+    assert not use_separate_proj_weight and bias_k is None and bias_v is None and not add_zero_attn
+    assert static_k is None and static_v is None and (dropout_p == 0.0 or not training)
+    tgt_len, bsz, embed_dim = query.shape
+    src_len = key.shape[0]
+    hd = embed_dim // num_heads
+    q, k, v = F._in_projection_packed(query, key, value, in_proj_weight, in_proj_bias)
+    heads = lambda x, t: x.contiguous().view(t, bsz * num_heads, hd).transpose(0, 1)  # (B*H, T, hd)
+    q, k, v = heads(q, tgt_len), heads(k, src_len), heads(v, src_len)
+    mask = None
+    if attn_mask is not None:
+        mask = attn_mask if attn_mask.dtype != torch.bool else \
+            torch.zeros(attn_mask.shape).masked_fill(attn_mask, float("-inf"))
+        if mask.dim() == 2:
+            mask = mask.unsqueeze(0)
+    if key_padding_mask is not None:
+        kp = key_padding_mask.view(bsz, 1, 1, src_len).expand(-1, num_heads, -1, -1).reshape(bsz * num_heads, 1, src_len)
+        kp = torch.zeros(kp.shape).masked_fill(kp, float("-inf")) if kp.dtype == torch.bool else kp
+        mask = kp if mask is None else mask + kp
+    o = Bf16Attention.apply(q / math.sqrt(hd), k, v, mask)
+    o = o.transpose(0, 1).contiguous().view(tgt_len * bsz, embed_dim)
+    o = F.linear(o, out_proj_weight, out_proj_bias).view(tgt_len, bsz, embed_dim)
+    return o, None
+
+
+class bf16_products:
+    """While it lives, every F.linear is Bf16Linear and, where qkv's attention multiplies in bf16
+    too (`attention`: as `qkv forward --precision bf16` reports), every nn.MultiheadAttention's
+    attention is Bf16Attention."""
+
+    def __init__(self, attention):
+        self.attention = attention
+
+    def __enter__(self):
+        self.plain = F.linear, F.multi_head_attention_forward
+        F.linear = lambda x, w, b=None: Bf16Linear.apply(x, w, b)
+        if self.attention:
+            F.multi_head_attention_forward = bf16_multi_head_attention_forward
+
+    def __exit__(self, *exc):
+        F.linear, F.multi_head_attention_forward = self.plain
+
+
+def torch_train_bf16(case, decay_all, attention, wd=WD):
+    """torch_train with every F.linear (nn.Linear and nn.MultiheadAttention's projections) as Bf16Linear
+    (and the attention as Bf16Attention where qkv's is bf16)."""
+    with bf16_products(attention):
         return torch_train(case, decay_all, wd)
-    finally:
-        F.linear = plain
 
 
 def torch_attention(case, dtype=torch.float32):
@@ -664,14 +745,16 @@ def run_model_case(case, runner, rep, verbose):
                                                                      "--precision", "bf16"])
     if not rep.add(f"{name}/forward-bf16", rc == 0, runner.short(out), [] if rc == 0 else [f"exit {rc}: {err.strip()}"]):
         return
-    plain = F.linear
-    F.linear = lambda x, w, b=None: Bf16Linear.apply(x, w, b)
-    try:
+    # qkv says whether its attention multiplies in bf16 on this CPU (AVX512_BF16); the reference follows
+    attention = "linear layers and attention" in out
+    if "bf16 products:" not in out:
+        rep.add(f"{name}/forward-bf16-attention", False, "", ["qkv forward --precision bf16 did not say which products "
+                                                              f"are bf16: {out.strip()}"])
+        return
+    with bf16_products(attention):
         mb = copy.deepcopy(case.model).train()
         b_logits, b_loss = case.torch_loss(mb, tb)
         b_loss.backward()
-    finally:
-        F.linear = plain
     rel = lambda a, b: float(np.linalg.norm((a - b).ravel()) / max(np.linalg.norm(b.ravel()), 1e-30))
     b_logits = b_logits.detach().numpy()
     v = case.valid
@@ -704,7 +787,7 @@ def run_model_case(case, runner, rep, verbose):
         rep.add(f"{name}/train-bf16", False, "", [f"exit {rc}: {err.strip()}"])
         return
     q = np.load(lpath)
-    t = torch_train_bf16(case, True)
+    t = torch_train_bf16(case, True, attention)
     e = float(np.max(np.abs(q - t) / np.abs(t)))
     rep.bound(f"{name}/train-bf16", e, TRAIN_BF16_TOL, f"  (loss {t[0]:.4f} -> {t[-1]:.4f})")
 

@@ -236,6 +236,8 @@ int run_forward(const ForwardCmd& o) {
     maps = attention_arrays(m, b);
     line += detail::concat("  attention ", maps.size(), " maps");
   }
+  if (bf16) line += bf16_attention_native() ? "  (bf16 products: linear layers and attention)"
+                                             : "  (bf16 products: linear layers; attention float32: no AVX512_BF16 in use)";
   if (!o.out.empty()) write_npy(o.out, logits->value);
   if (generated.defined()) write_npy(o.generated, generated);
   for (const auto& [name, t] : maps) write_npy(o.attention + "/" + name, t);

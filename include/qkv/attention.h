@@ -73,6 +73,14 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, const AttentionSpec& spec,
                          int64_t row_begin, int64_t row_end);
 
+// Whether attention multiplies in bfloat16 while a qkv::Bf16Matmul lives on the calling thread
+// (training's --precision bf16): where the CPU has AVX512_BF16 and the avx512 kernel runs (and
+// QKV_BF16_DOT is not 0), each product's operands (scale * Q, K, V, the probabilities, dO, dS)
+// are rounded to bfloat16 and summed in float32, as PyTorch's bf16 autocast runs attention's
+// matmuls; the softmax and its statistics stay float32. Elsewhere, and for a single query row
+// (a decoding step), attention stays float32. docs/numerics.md.
+bool bf16_attention_native();
+
 // The standard ALiBi slopes for H heads.
 std::vector<float> alibi_slopes(int64_t H);
 

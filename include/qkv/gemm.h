@@ -45,6 +45,8 @@ class BatchInvariantGemm {
 // elsewhere the rounded values go through the float32 product (the same products, the sums in
 // another order, no faster). Training's --precision bf16 (TrainConfig::precision) runs its
 // forward and backward passes inside one. BatchInvariantGemm, where both live, takes precedence.
+// qkv::attention and attention_backward multiply in bfloat16 under one too, where
+// bf16_attention_native() (qkv/attention.h) says the CPU can.
 class Bf16Matmul {
  public:
   Bf16Matmul();

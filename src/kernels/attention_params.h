@@ -82,6 +82,12 @@ struct AttnInputs {
   Strides ks;
   const T* v = nullptr;  // v: (B, Hkv, Tk, Dv)
   Strides vs;
+  // Products in bfloat16, as PyTorch's bf16 autocast runs attention's matmuls: each product's two
+  // operands (scale * Q, K, V, the probabilities, dO, dS) rounded to bfloat16 (nearest even, NaN
+  // kept), their products exact and summed in float32; the softmax, its statistics and every
+  // other sum stay float32. The flash kernel does this on AVX512_BF16 only
+  // (flash_bf16_supported); the reference rounds the same operands (its twin).
+  bool bf16 = false;
 };
 
 }  // namespace qkv::kernels

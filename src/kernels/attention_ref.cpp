@@ -7,13 +7,24 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/quant.h"
+
 namespace qkv::kernels {
 namespace {
 
-// P <- softmax(Q K^T * scale + bias) for one (b, h), written densely as (Tq, Tk); the row's
-// logsumexp goes to lse[i]. Blocked pairs get probability 0; a row with none allowed is all 0.
+// x rounded to bfloat16 (through float32, nearest even) where the inputs ask for bf16 products
+// (AttnInputs::bf16), else x: the operands the flash kernel rounds are rounded here too.
 template <class T>
-void probabilities(const AttnInputs<T>& in, int64_t b, int64_t h, T* P, T* lse) {
+T rb(const AttnInputs<T>& in, T x) {
+  return in.bf16 ? static_cast<T>(bf16_to_f32(f32_to_bf16(static_cast<float>(x)))) : x;
+}
+
+// P <- softmax(Q K^T * scale + bias) for one (b, h), written densely as (Tq, Tk); the row's
+// logsumexp goes to lse[i] (and the max its exponentials were shifted by to mrow[i], if given).
+// Blocked pairs get probability 0; a row with none allowed is all 0. With bf16 the scores are
+// bf16(scale q) . bf16(k), as the flash kernel multiplies them.
+template <class T>
+void probabilities(const AttnInputs<T>& in, int64_t b, int64_t h, T* P, T* lse, T* mrow = nullptr) {
   const AttnShape& s = in.s;
   const int64_t hk = h / (s.H / s.Hkv);
   const T* q = in.q + b * in.qs.b + h * in.qs.h;
@@ -37,13 +48,21 @@ void probabilities(const AttnInputs<T>& in, int64_t b, int64_t h, T* P, T* lse) 
         continue;
       }
       T dot = 0;
-      for (int64_t d = 0; d < s.Dk; ++d) dot += q[i * in.qs.t + d] * k[j * in.ks.t + d];
-      row[j] = dot * scale + bias;
+      if (in.bf16) {
+        for (int64_t d = 0; d < s.Dk; ++d)
+          dot += rb(in, static_cast<T>(static_cast<float>(q[i * in.qs.t + d]) * static_cast<float>(scale))) *
+                 rb(in, k[j * in.ks.t + d]);
+        row[j] = dot + bias;
+      } else {
+        for (int64_t d = 0; d < s.Dk; ++d) dot += q[i * in.qs.t + d] * k[j * in.ks.t + d];
+        row[j] = dot * scale + bias;
+      }
       if (row[j] > mx) mx = row[j];  // NaN never wins a comparison: it reaches the sum below
     }
     // p_ij <- exp(s_ij - max) / sum_r exp(s_ir - max). A row whose every score is -inf (no
     // allowed key) gets zeros and lse -inf; a NaN score makes the sum NaN, and NaN propagates.
     const T m_use = mx == ninf ? T(0) : mx;
+    if (mrow) mrow[i] = m_use;
     T sum = 0;
     for (int64_t j = 0; j < s.Tk; ++j) {
       row[j] = row[j] == ninf ? T(0) : std::exp(row[j] - m_use);
@@ -67,21 +86,26 @@ void attention_ref_forward(const AttnInputs<T>& in, T* out, T* lse, int threads)
   const int64_t BH = s.B * s.H;
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<T> P(static_cast<size_t>(s.Tq * s.Tk));
+    std::vector<T> P(static_cast<size_t>(s.Tq * s.Tk)), mrow(static_cast<size_t>(s.Tq));
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < BH; ++bh) {
       const int64_t b = bh / s.H, h = bh % s.H, hk = h / (s.H / s.Hkv);
-      probabilities(in, b, h, P.data(), lse + bh * s.Tq);
-      // out_i <- sum_j p_ij v_j
+      probabilities(in, b, h, P.data(), lse + bh * s.Tq, mrow.data());
+      // out_i <- sum_j p_ij v_j. With bf16, as the kernel: sum_j bf16(e_ij) bf16(v_j) / sum_j e_ij
+      // with e_ij = exp(s_ij - max_i) unrounded in the sum (= p_ij c_i, c_i = exp(lse_i - max_i)).
       const T* v = in.v + b * in.vs.b + hk * in.vs.h;
       T* o = out + bh * s.Tq * s.Dv;
       for (int64_t i = 0; i < s.Tq; ++i) {
         T* orow = o + i * s.Dv;
         std::fill(orow, orow + s.Dv, T(0));
+        const T c = in.bf16 && lse[bh * s.Tq + i] != -std::numeric_limits<T>::infinity()
+                        ? std::exp(lse[bh * s.Tq + i] - mrow[i])
+                        : T(1);
         for (int64_t j = 0; j < s.Tk; ++j) {
           const T pij = P[i * s.Tk + j];
           if (pij == T(0)) continue;  // blocked keys' values are never read
-          for (int64_t d = 0; d < s.Dv; ++d) orow[d] += pij * v[j * in.vs.t + d];
+          const T w = in.bf16 ? rb(in, pij * c) / c : pij;
+          for (int64_t d = 0; d < s.Dv; ++d) orow[d] += w * rb(in, v[j * in.vs.t + d]);
         }
       }
     }
@@ -99,7 +123,7 @@ void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk
 #pragma omp parallel num_threads(threads)
   {
     std::vector<T> P(static_cast<size_t>(s.Tq * s.Tk)), dP(static_cast<size_t>(s.Tq * s.Tk));
-    std::vector<T> lse(static_cast<size_t>(s.Tq));
+    std::vector<T> lse(static_cast<size_t>(s.Tq)), mrow(static_cast<size_t>(s.Tq)), o(static_cast<size_t>(s.Dv));
 #pragma omp for schedule(static)
     for (int64_t bk = 0; bk < s.B * s.Hkv; ++bk) {
       const int64_t b = bk / s.Hkv, hk = bk % s.Hkv;
@@ -112,7 +136,7 @@ void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk
         const T* q = in.q + b * in.qs.b + h * in.qs.h;
         const T* dO = dout + bh * s.Tq * s.Dv;
         T* dqb = dq + bh * s.Tq * s.Dk;
-        probabilities(in, b, h, P.data(), lse.data());
+        probabilities(in, b, h, P.data(), lse.data(), mrow.data());
         for (int64_t i = 0; i < s.Tq; ++i) {
           const T* Pi = P.data() + i * s.Tk;
           T* dPi = dP.data() + i * s.Tk;
@@ -124,15 +148,38 @@ void attention_ref_backward(const AttnInputs<T>& in, const T* dout, T* dq, T* dk
               continue;
             }
             T acc = 0;
-            for (int64_t d = 0; d < s.Dv; ++d) acc += dO[i * s.Dv + d] * v[j * in.vs.t + d];
+            for (int64_t d = 0; d < s.Dv; ++d) acc += rb(in, dO[i * s.Dv + d]) * rb(in, v[j * in.vs.t + d]);
             dPi[j] = acc;
             Di += Pi[j] * acc;
           }
+          if (in.bf16 && lse[i] != -std::numeric_limits<T>::infinity()) {
+            // D_i <- dO_i . O_i with O_i the bf16 forward's output (as the flash kernel forms D;
+            // with bf16 products the two ways differ by about one rounding of P and dO)
+            const T c = std::exp(lse[i] - mrow[i]);
+            std::fill(o.begin(), o.end(), T(0));
+            for (int64_t j = 0; j < s.Tk; ++j)
+              if (Pi[j] != T(0))
+                for (int64_t d = 0; d < s.Dv; ++d) o[d] += rb(in, Pi[j] * c) / c * rb(in, v[j * in.vs.t + d]);
+            Di = 0;
+            for (int64_t d = 0; d < s.Dv; ++d) Di += dO[i * s.Dv + d] * o[d];
+          }
           // dS_ij <- P_ij (dP_ij - D_i);  dV_j += P_ij dO_i;  dQ_i = scale sum_j dS_ij k_j;  dK_j += scale dS_ij q_i
+          // (bf16: each product's operands rounded as the kernel rounds them, the scale inside
+          // bf16(scale q_i) for dK and applied after the sum for dQ)
           T* dqi = dqb + i * s.Dk;
           std::fill(dqi, dqi + s.Dk, T(0));
           for (int64_t j = 0; j < s.Tk; ++j) {
             if (Pi[j] == T(0)) continue;
+            if (in.bf16) {
+              const T dS = rb(in, Pi[j] * (dPi[j] - Di)), p = rb(in, Pi[j]);
+              for (int64_t d = 0; d < s.Dv; ++d) dvb[j * s.Dv + d] += p * rb(in, dO[i * s.Dv + d]);
+              for (int64_t d = 0; d < s.Dk; ++d) {
+                dqi[d] += scale * (dS * rb(in, k[j * in.ks.t + d]));
+                dkb[j * s.Dk + d] +=
+                    dS * rb(in, static_cast<T>(static_cast<float>(q[i * in.qs.t + d]) * static_cast<float>(scale)));
+              }
+              continue;
+            }
             const T dS = Pi[j] * (dPi[j] - Di) * scale;
             for (int64_t d = 0; d < s.Dv; ++d) dvb[j * s.Dv + d] += Pi[j] * dO[i * s.Dv + d];
             for (int64_t d = 0; d < s.Dk; ++d) {

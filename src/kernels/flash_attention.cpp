@@ -5,17 +5,30 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/quant.h"
+#include "qkv/error.h"
+
 namespace qkv::kernels {
 
-size_t flash_forward_workspace(const AttnShape& s, int threads, Isa isa) {
+bool flash_bf16_supported(Isa isa) { return isa == Isa::AVX512 && cpu_has_avx512_bf16(); }
+
+namespace {
+void check_bf16(const AttnInputs<float>& in, Isa isa) {
+  check(!in.bf16 || flash_bf16_supported(isa), "attention: bfloat16 products need AVX512_BF16 and the avx512 "
+        "kernel (isa ", isa_name(isa), ")");
+}
+}  // namespace
+
+size_t flash_forward_workspace(const AttnShape& s, int threads, Isa isa, bool bf16) {
   switch (isa) {
-    case Isa::AVX512: return avx512::flash_forward_workspace(s, threads);
-    case Isa::AVX2: return avx2::flash_forward_workspace(s, threads);
-    default: return generic::flash_forward_workspace(s, threads);
+    case Isa::AVX512: return avx512::flash_forward_workspace(s, threads, bf16);
+    case Isa::AVX2: return avx2::flash_forward_workspace(s, threads, bf16);
+    default: return generic::flash_forward_workspace(s, threads, bf16);
   }
 }
 
 void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads, Isa isa) {
+  check_bf16(in, isa);
   switch (isa) {
     case Isa::AVX512: return avx512::flash_forward(in, out, lse, ws, threads);
     case Isa::AVX2: return avx2::flash_forward(in, out, lse, ws, threads);
@@ -23,16 +36,17 @@ void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws
   }
 }
 
-size_t flash_backward_workspace(const AttnShape& s, int threads, Isa isa) {
+size_t flash_backward_workspace(const AttnShape& s, int threads, Isa isa, bool bf16) {
   switch (isa) {
-    case Isa::AVX512: return avx512::flash_backward_workspace(s, threads);
-    case Isa::AVX2: return avx2::flash_backward_workspace(s, threads);
-    default: return generic::flash_backward_workspace(s, threads);
+    case Isa::AVX512: return avx512::flash_backward_workspace(s, threads, bf16);
+    case Isa::AVX2: return avx2::flash_backward_workspace(s, threads, bf16);
+    default: return generic::flash_backward_workspace(s, threads, bf16);
   }
 }
 
 void flash_backward(const AttnInputs<float>& in, const float* out, const float* dout, const float* lse, float* dq,
                     float* dk, float* dv, void* ws, int threads, Isa isa) {
+  check_bf16(in, isa);
   switch (isa) {
     case Isa::AVX512: return avx512::flash_backward(in, out, dout, lse, dq, dk, dv, ws, threads);
     case Isa::AVX2: return avx2::flash_backward(in, out, dout, lse, dq, dk, dv, ws, threads);

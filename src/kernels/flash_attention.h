@@ -16,13 +16,18 @@
 
 namespace qkv::kernels {
 
-// out: (B, H, Tq, Dv) contiguous; lse: (B, H, Tq) contiguous.
-size_t flash_forward_workspace(const AttnShape& s, int threads, Isa isa);
+// Whether the kernel for `isa` can run with AttnInputs::bf16 (AVX-512 with AVX512_BF16's
+// vdpbf16ps, unless QKV_BF16_DOT=0). Elsewhere a bf16 request is refused.
+bool flash_bf16_supported(Isa isa);
+
+// out: (B, H, Tq, Dv) contiguous; lse: (B, H, Tq) contiguous. bf16: the workspace of a call whose
+// inputs ask for bfloat16 products (AttnInputs::bf16).
+size_t flash_forward_workspace(const AttnShape& s, int threads, Isa isa, bool bf16 = false);
 void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* workspace, int threads, Isa isa);
 
 // out, dout: (B, H, Tq, Dv) contiguous; lse from flash_forward.
 // dq: (B, H, Tq, Dk), dk: (B, Hkv, Tk, Dk), dv: (B, Hkv, Tk, Dv): contiguous, overwritten.
-size_t flash_backward_workspace(const AttnShape& s, int threads, Isa isa);
+size_t flash_backward_workspace(const AttnShape& s, int threads, Isa isa, bool bf16 = false);
 void flash_backward(const AttnInputs<float>& in, const float* out, const float* dout, const float* lse, float* dq,
                     float* dk, float* dv, void* workspace, int threads, Isa isa);
 
@@ -33,9 +38,9 @@ void attention_weights_from_lse(const AttnInputs<float>& in, const float* lse, i
 // One instantiation per ISA (flash_attention_isa.cpp compiled with different flags).
 #define QKV_DECLARE_FLASH_ISA(ns)                                                                          \
   namespace ns {                                                                                           \
-  size_t flash_forward_workspace(const AttnShape& s, int threads);                                        \
+  size_t flash_forward_workspace(const AttnShape& s, int threads, bool bf16);                             \
   void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads);         \
-  size_t flash_backward_workspace(const AttnShape& s, int threads);                                       \
+  size_t flash_backward_workspace(const AttnShape& s, int threads, bool bf16);                            \
   void flash_backward(const AttnInputs<float>& in, const float* out, const float* dout, const float* lse,  \
                       float* dq, float* dk, float* dv, void* ws, int threads);                             \
   }

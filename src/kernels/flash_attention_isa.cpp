@@ -8,6 +8,10 @@
 #include <limits>
 #include <type_traits>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/flash_attention.h"
 #include "kernels/simd/vec.h"
 
@@ -81,6 +85,138 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
 }
 
 // ---------------------------------------------------------------------------------------------
+// bfloat16 tile products (AttnInputs::bf16), compiled where vectors are AVX-512's: C (M, N) (+)=
+// A (M, K) B (K, N) with both operands rounded to bfloat16 (nearest even, NaN kept: what
+// kernels::f32_to_bf16 does) and their products summed in float32 by vdpbf16ps, two terms of K
+// per instruction and lane. Each call stages its operands in the thread's buffers: A's rows as
+// bf16 pairs along K, B as pairs along K (row 2p and 2p+1 interleaved, VNNI order), K padded with
+// a zero to an even count. Staging is O(MK + KN) against the product's O(MKN) and re-rounds a
+// value each time a tile is used; every tile of the same operand is rounded to the same bits.
+// The sum over K goes pair by pair from the tile's first index, so a tile starting at an even
+// index sums every output element the same way however the surrounding tiles are cut (the
+// backward pass's two strategies rely on this, see flash_backward).
+struct Tiles {
+  bool bf16 = false;
+  uint16_t* a = nullptr;  // A staged: M rows of 2 * ceil(K / 2) bf16
+  uint32_t* b = nullptr;  // B staged: ceil(K / 2) rows of N pairs
+};
+
+#if defined(__AVX512F__) && QKV_VEC_WIDTH == 16
+#define QKV_FLASH_BF16 1
+// GCC 12's AVX-512 headers build results on _mm512_undefined_*(), which -Wuninitialized reports
+// at every call site (a known false positive of the headers; as in simd/lowp.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define QKV_BF16_TARGET __attribute__((target("avx512bf16,avx512bw,avx512f")))
+
+// Staging converts with AVX512_BF16's own instructions (vcvtneps2bf16, vcvtne2ps2bf16): nearest
+// even, NaN kept (quiet), and denormal inputs and results flushed to zero, which changes nothing
+// in the products since vdpbf16ps reads denormal bf16 inputs as zero too.
+
+// out (M, 2 Kp) <- bf16(A (M, K)), zero past K.
+QKV_BF16_TARGET void stage_rows_bf16(const float* A, int64_t lda, int64_t M, int64_t K, int64_t Kp, uint16_t* out) {
+  for (int64_t r = 0; r < M; ++r) {
+    const float* a = A + r * lda;
+    uint16_t* o = out + r * 2 * Kp;
+    int64_t c = 0;
+    for (; c + 16 <= K; c += 16)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(a + c))));
+    if (c < 2 * Kp) {  // the tail and the zero that pads K to even
+      const __mmask16 in = static_cast<__mmask16>((1u << (K - c)) - 1), all = static_cast<__mmask16>((1u << (2 * Kp - c)) - 1);
+      _mm256_mask_storeu_epi16(o + c, all, reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(in, a + c))));
+    }
+  }
+}
+
+// out (Kp, N) pairs <- (bf16(B[2p][n]), bf16(B[2p + 1][n])); N a multiple of 16; B[K][n] = 0.
+QKV_BF16_TARGET void stage_pairs_bf16(const float* B, int64_t ldb, int64_t K, int64_t N, uint32_t* out) {
+  // vcvtne2ps2bf16 puts row 2p's 16 values in the low 16 halves and row 2p+1's in the high ones:
+  // interleave them, (0, 16), (1, 17), ...
+  alignas(64) static constexpr int16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                          8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (int64_t k = 0; k < K; k += 2) {
+    const float* r0 = B + k * ldb;
+    uint32_t* o = out + k / 2 * N;
+    for (int64_t n = 0; n < N; n += 16) {
+      const __m512 hi = k + 1 < K ? _mm512_loadu_ps(r0 + ldb + n) : _mm512_setzero_ps();
+      const __m512i both = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, _mm512_loadu_ps(r0 + n)));
+      _mm512_storeu_si512(o + n, _mm512_permutexvar_epi16(idx, both));
+    }
+  }
+}
+
+template <int M, int NVEC, bool kAccumulate>
+QKV_BF16_TARGET void ukernel_bf16(int64_t Kp, const uint16_t* A, int64_t lda, const uint32_t* B, int64_t ldb, float* C,
+                                  int64_t ldc) {
+  __m512 c[M][NVEC];
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) c[r][v] = kAccumulate ? _mm512_loadu_ps(C + r * ldc + v * 16) : _mm512_setzero_ps();
+  for (int64_t k = 0; k < Kp; ++k) {
+    __m512bh b[NVEC];
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) b[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(B + k * ldb + v * 16));
+#pragma GCC unroll 16
+    for (int r = 0; r < M; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, A + r * lda + 2 * k, sizeof pair);
+      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+#pragma GCC unroll 4
+      for (int v = 0; v < NVEC; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < M; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < NVEC; ++v) _mm512_storeu_ps(C + r * ldc + v * 16, c[r][v]);
+}
+
+using UkernelBf16Fn = void (*)(int64_t, const uint16_t*, int64_t, const uint32_t*, int64_t, float*, int64_t);
+template <int... Ms>
+struct UkernelBf16Table {
+  UkernelBf16Fn fn[2][sizeof...(Ms)][NV];
+  constexpr UkernelBf16Table()
+      : fn{{{&ukernel_bf16<Ms + 1, 1, false>, &ukernel_bf16<Ms + 1, 2, false>}...},
+           {{&ukernel_bf16<Ms + 1, 1, true>, &ukernel_bf16<Ms + 1, 2, true>}...}} {}
+};
+template <size_t... I>
+constexpr auto make_table_bf16(std::index_sequence<I...>) {
+  return UkernelBf16Table<static_cast<int>(I)...>{};
+}
+constexpr auto kUkernelsBf16 = make_table_bf16(std::make_index_sequence<MR>{});
+
+void gemm_bf16(const Tiles& t, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+  const int64_t Kp = (K + 1) / 2;
+  stage_rows_bf16(A, lda, M, K, Kp, t.a);
+  stage_pairs_bf16(B, ldb, K, N, t.b);
+  for (int64_t j = 0; j < N; j += NR) {
+    const int nv = N - j >= NR ? NV : static_cast<int>((N - j) / W);
+    for (int64_t i = 0; i < M; i += MR) {
+      const int m = static_cast<int>(std::min<int64_t>(MR, M - i));
+      kUkernelsBf16.fn[accumulate][m - 1][nv - 1](Kp, t.a + i * 2 * Kp, 2 * Kp, t.b + j, N, C + i * ldc + j, ldc);
+    }
+  }
+}
+#pragma GCC diagnostic pop
+#endif
+
+// A tile product in float32, or in bfloat16 where the call asked for it (flash_forward refuses
+// that request on an ISA without the bf16 kernel, so it never reaches here without one).
+inline void tile_gemm(const Tiles& t, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+                      int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+#if defined(QKV_FLASH_BF16)
+  if (t.bf16) return gemm_bf16(t, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+#endif
+  gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Workspace layout: computed in one place for both the size query and the kernel.
 constexpr int64_t Bq = 48;  // queries per block (a multiple of W and of MR)
 constexpr int64_t Bk = 96;  // keys per block (a multiple of W and of MR; 64 and 48 measured slower)
@@ -106,8 +242,9 @@ struct Layout {
   bool one_pass = false;
   bool backward = false;
   size_t t_dk = 0, t_dv = 0, t_dqt = 0;
+  size_t t_bf_a = 0, t_bf_b = 0;  // bf16 staging (Tiles): up to R rows or pairs of R
 
-  Layout(const AttnShape& s, int threads, bool for_backward) : backward(for_backward) {
+  Layout(const AttnShape& s, int threads, bool for_backward, bool bf16) : backward(for_backward) {
     Dk_pad = round_up(std::max<int64_t>(s.Dk, 1), W);
     Dv_pad = round_up(std::max<int64_t>(s.Dv, 1), W);
     Tq_pad = round_up(std::max<int64_t>(s.Tq, 1), W);
@@ -165,6 +302,11 @@ struct Layout {
         t_dqt = take_t(Dk_pad * Bq);
       }
     }
+    if (bf16) {  // every tile product's M, N and K are at most R (K padded to even: R is)
+      const int64_t R = std::max({Bq, Bk, Dk_pad, Dv_pad});
+      t_bf_a = take_t(R * R / 2);
+      t_bf_b = take_t(R * R / 2);
+    }
     thread_stride = t * sizeof(float);
     total = thread_base + thread_stride * static_cast<size_t>(std::max(threads, 1));
   }
@@ -173,6 +315,17 @@ struct Layout {
 template <class T>
 T* at(void* ws, size_t off) {
   return reinterpret_cast<T*>(static_cast<char*>(ws) + off);
+}
+
+// The thread's staging for bf16 tile products (unused in float32).
+Tiles tiles_of(const AttnInputs<float>& in, const Layout& L, float* tws) {
+  Tiles t;
+  t.bf16 = in.bf16;
+  if (in.bf16) {
+    t.a = reinterpret_cast<uint16_t*>(tws + L.t_bf_a);
+    t.b = reinterpret_cast<uint32_t*>(tws + L.t_bf_b);
+  }
+  return t;
 }
 
 inline int64_t key_limit(const AttnShape& s, const MaskParams& m, int64_t b) {
@@ -400,11 +553,12 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
   std::fill(m, m + mq, kNegInf);
   std::fill(l, l + mq, 0.0f);
   std::fill(O, O + mq * L.Dv_pad, 0.0f);
+  const Tiles tl = tiles_of(in, L, tws);
 
   for (int64_t k0 = blo; k0 < bhi; k0 += Bk) {
     const int64_t nk = std::min(Bk, bhi - k0), nc = round_up(nk, W);
     // S <- Qs K^T   (the scale is already in Qs)
-    gemm(mq, nc, s.Dk, qs, L.Dk_pad, kt + k0, L.Tk_pad, S, Bk, false);
+    tile_gemm(tl, mq, nc, s.Dk, qs, L.Dk_pad, kt + k0, L.Tk_pad, S, Bk, false);
     mask_tile(in, b, h, i0, mq, k0, nk, nc, range, S, Bk);
     for (int64_t r = 0; r < mq; ++r) {
       float* row = S + r * Bk;
@@ -426,7 +580,7 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
       }
     }
     // O <- O + P V
-    gemm(mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true);
+    tile_gemm(tl, mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true);
   }
   // out <- O / l ;  lse <- m + log(l). l = 0 exactly when every score was -inf (no allowed
   // key): zeros and -inf. A NaN score makes l NaN, and NaN propagates.
@@ -455,9 +609,9 @@ struct BackwardBuffers {
 // One tile of backward in transposed form: keys k0 .. k0+nk of (b, kv-head bk) against query
 // block qb of head h. Adds the tile's contributions to dKacc (nk, Dk_pad) and dVacc (nk, Dv_pad)
 // and leaves dS^T (nk, Bq) in St.
-void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const BackwardBuffers& bb, int64_t b, int64_t h,
-                     int64_t bk, int64_t k0, int64_t nk, int64_t qb, float* St, float* dPt, float* dKacc,
-                     float* dVacc) {
+void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const BackwardBuffers& bb, const Tiles& tl,
+                     int64_t b, int64_t h, int64_t bk, int64_t k0, int64_t nk, int64_t qb, float* St, float* dPt,
+                     float* dKacc, float* dVacc) {
   const AttnShape& s = in.s;
   const int64_t bh = b * s.H + h;
   const int64_t i0 = qb * Bq, mq = std::min(Bq, s.Tq - i0), mqp = round_up(mq, W);
@@ -467,7 +621,7 @@ void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const Backwar
   int64_t lo_, hi_;
   query_ranges(in, b, i0, mq, range, &lo_, &hi_);
   // S^T <- K Qs^T
-  gemm(nk, mqp, s.Dk, kr, L.Dk_pad, bb.qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
+  tile_gemm(tl, nk, mqp, s.Dk, kr, L.Dk_pad, bb.qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
   mask_tile_t(in, b, h, i0, mq, k0, nk, range, St, Bq);
   // P^T <- exp(S^T - lse)
   const float* le = bb.lse_eff + bh * L.Tq_pad + i0;
@@ -475,16 +629,16 @@ void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const Backwar
     for (int64_t r = 0; r < mqp; r += W)
       simd::store(St + c * Bq + r, simd::exp(simd::load(St + c * Bq + r) - simd::load(le + r)));
   // dV <- dV + P^T dO
-  gemm(nk, L.Dv_pad, mq, St, Bq, bb.do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
+  tile_gemm(tl, nk, L.Dv_pad, mq, St, Bq, bb.do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
   // dP^T <- V dO^T
-  gemm(nk, mqp, s.Dv, vr, L.Dv_pad, bb.do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
+  tile_gemm(tl, nk, mqp, s.Dv, vr, L.Dv_pad, bb.do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
   // dS^T <- P^T * (dP^T - D)
   const float* Dr = bb.drow + bh * L.Tq_pad + i0;
   for (int64_t c = 0; c < nk; ++c)
     for (int64_t r = 0; r < mqp; r += W)
       simd::store(St + c * Bq + r, simd::load(St + c * Bq + r) * (simd::load(dPt + c * Bq + r) - simd::load(Dr + r)));
   // dK <- dK + dS^T Qs    (Qs carries the scale)
-  gemm(nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
+  tile_gemm(tl, nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -634,16 +788,16 @@ void decode_forward(const AttnInputs<float>& in, float* out, float* lse, void* w
 
 }  // namespace
 
-size_t flash_forward_workspace(const AttnShape& s, int threads) {
+size_t flash_forward_workspace(const AttnShape& s, int threads, bool bf16) {
   if (s.Tq == 1) return DecodeLayout(s).total(threads);
-  return Layout(s, threads, false).total;
+  return Layout(s, threads, false, bf16).total;
 }
 
 void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws, int threads) {
   const AttnShape& s = in.s;
   if (s.Tq == 0 || s.B == 0 || s.H == 0) return;
   if (s.Tq == 1) return decode_forward(in, out, lse, ws, threads);
-  const Layout L(s, threads, false);
+  const Layout L(s, threads, false, in.bf16);
   const int64_t items = s.B * s.H * L.nqb;
 #pragma omp parallel num_threads(threads)
   {
@@ -667,7 +821,9 @@ void flash_forward(const AttnInputs<float>& in, float* out, float* lse, void* ws
 // threads, and both strategies add the same products in the same order, so the result does
 // not depend on the thread count.
 
-size_t flash_backward_workspace(const AttnShape& s, int threads) { return Layout(s, threads, true).total; }
+size_t flash_backward_workspace(const AttnShape& s, int threads, bool bf16) {
+  return Layout(s, threads, true, bf16).total;
+}
 
 void flash_backward(const AttnInputs<float>& in, const float* out, const float* dout, const float* lse, float* dq,
                     float* dk, float* dv, void* ws, int threads) {
@@ -696,7 +852,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
     }
   }
   if (BH == 0 || s.Tq == 0 || s.Tk == 0) return;
-  const Layout L(s, threads, true);
+  const Layout L(s, threads, true, in.bf16);
   float* qs_rows = at<float>(ws, L.qs_rows);
   float* qs_t = at<float>(ws, L.qs_t);
   float* k_rows = at<float>(ws, L.k_rows);
@@ -752,6 +908,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
     }
 
     float* tws = at<float>(ws, L.thread_base + L.thread_stride * omp_get_thread_num());
+    const Tiles tl = tiles_of(in, L, tws);
     float* St = tws + L.t_s;    // (Bk, Bq) scores^T, then P^T, then dS^T
     float* dPt = tws + L.t_dp;  // (Bk, Bq)
     if (L.one_pass) {
@@ -775,9 +932,9 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
             std::fill(dQt, dQt + L.Dk_pad * Bq, 0.0f);
             for (int64_t k0 = qlo / Bk * Bk; k0 < qhi; k0 += Bk) {
               const int64_t nk = std::min(Bk, s.Tk - k0);
-              backward_tile_t(in, L, bb, b, h, bk, k0, nk, qb, St, dPt, dKall + k0 * L.Dk_pad, dVall + k0 * L.Dv_pad);
+              backward_tile_t(in, L, bb, tl, b, h, bk, k0, nk, qb, St, dPt, dKall + k0 * L.Dk_pad, dVall + k0 * L.Dv_pad);
               // dQ^T <- dQ^T + K^T dS^T
-              gemm(s.Dk, mqp, nk, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, St, Bq, dQt, Bq, true);
+              tile_gemm(tl, s.Dk, mqp, nk, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, St, Bq, dQt, Bq, true);
             }
             // dq <- scale * dQ
             for (int64_t r = 0; r < mq; ++r)
@@ -804,7 +961,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
         for (int64_t qb = 0; qb < L.nqb; ++qb) {
           const int64_t qlo = qrange[2 * (b * L.nqb + qb)], qhi = qrange[2 * (b * L.nqb + qb) + 1];
           if (qhi <= k0 || qlo >= k0 + nk) continue;
-          backward_tile_t(in, L, bb, b, h, bk, k0, nk, qb, St, dPt, dKacc, dVacc);
+          backward_tile_t(in, L, bb, tl, b, h, bk, k0, nk, qb, St, dPt, dKacc, dVacc);
         }
       }
       for (int64_t c = 0; c < nk; ++c) {
@@ -827,13 +984,15 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       query_ranges(in, b, i0, mq, range, &blo, &bhi);
       const float* qs = qs_rows + (bh * s.Tq + i0) * L.Dk_pad;
       const float* dOr = do_rows + (bh * s.Tq + i0) * L.Dv_pad;
-      for (int64_t k0 = blo; k0 < bhi; k0 += Bk) {
+      // bf16 sums dQ's keys in pairs from each tile's first key: start at an even key, as the one
+      // pass's tiles do (the keys before blo are blocked: their terms are zero).
+      for (int64_t k0 = in.bf16 ? blo / 2 * 2 : blo; k0 < bhi; k0 += Bk) {
         const int64_t nk = std::min(Bk, bhi - k0), nc = round_up(nk, W);
         // S <- Qs K^T ;  P <- exp(S - lse)
-        gemm(mq, nc, s.Dk, qs, L.Dk_pad, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, S, Bk, false);
+        tile_gemm(tl, mq, nc, s.Dk, qs, L.Dk_pad, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, S, Bk, false);
         mask_tile(in, b, h, i0, mq, k0, nk, nc, range, S, Bk);
         // dP <- dO V^T
-        gemm(mq, nc, s.Dv, dOr, L.Dv_pad, v_t + bk * L.Dv_pad * L.Tk_pad + k0, L.Tk_pad, dP, Bk, false);
+        tile_gemm(tl, mq, nc, s.Dv, dOr, L.Dv_pad, v_t + bk * L.Dv_pad * L.Tk_pad + k0, L.Tk_pad, dP, Bk, false);
         // dS <- P * (dP - D)
         for (int64_t r = 0; r < mq; ++r) {
           const vf vl = simd::set1(lse_eff[bh * L.Tq_pad + i0 + r]);
@@ -844,7 +1003,7 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
           }
         }
         // dQ <- dQ + dS K
-        gemm(mq, L.Dk_pad, nk, S, Bk, k_rows + (bk * s.Tk + k0) * L.Dk_pad, L.Dk_pad, dQacc, L.Dk_pad, true);
+        tile_gemm(tl, mq, L.Dk_pad, nk, S, Bk, k_rows + (bk * s.Tk + k0) * L.Dk_pad, L.Dk_pad, dQacc, L.Dk_pad, true);
       }
       // dq <- scale * dQ
       for (int64_t r = 0; r < mq; ++r)

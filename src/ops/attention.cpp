@@ -11,6 +11,7 @@
 #include "kernels/flash_attention.h"
 #include "qkv/cpu.h"
 #include "qkv/error.h"
+#include "qkv/gemm.h"
 #include "qkv/parallel.h"
 
 namespace qkv {
@@ -157,8 +158,9 @@ std::vector<int64_t> result_shape(const std::vector<int64_t>& q_shape, int64_t l
   return r;
 }
 
-AttnInputs<float> inputs_f32(const Prepared& p) {
+AttnInputs<float> inputs_f32(const Prepared& p, bool bf16) {
   AttnInputs<float> in;
+  in.bf16 = bf16;
   in.s = p.s;
   in.scale = p.scale;
   in.m = p.m;
@@ -188,7 +190,8 @@ template <class T>
 struct RefInputs {
   Tensor q, k, v;
   AttnInputs<T> in;
-  explicit RefInputs(const Prepared& p) {
+  RefInputs(const Prepared& p, bool bf16) {
+    in.bf16 = bf16;
     q = p.q.to(dtype_of<T>());
     k = p.k.to(dtype_of<T>());
     v = p.v.to(dtype_of<T>());
@@ -205,9 +208,9 @@ struct RefInputs {
 };
 
 template <class T>
-void ref_forward(const Prepared& p, Tensor& out, Tensor& lse) {
+void ref_forward(const Prepared& p, bool bf16, Tensor& out, Tensor& lse) {
   const AttnShape& s = p.s;
-  RefInputs<T> r(p);
+  RefInputs<T> r(p, bf16);
   Tensor o({s.B, s.H, s.Tq, s.Dv}, dtype_of<T>()), l({s.B, s.H, s.Tq}, dtype_of<T>());
   kernels::attention_ref_forward<T>(r.in, o.data<T>(), l.data<T>(), p.threads);
   // float64 inputs keep float64 results
@@ -217,8 +220,8 @@ void ref_forward(const Prepared& p, Tensor& out, Tensor& lse) {
 }
 
 template <class T>
-void ref_backward(const Prepared& p, const Tensor& dO, Tensor& dq, Tensor& dk, Tensor& dv) {
-  RefInputs<T> r(p);
+void ref_backward(const Prepared& p, bool bf16, const Tensor& dO, Tensor& dq, Tensor& dk, Tensor& dv) {
+  RefInputs<T> r(p, bf16);
   Tensor dOt = dO.to(dtype_of<T>());
   Tensor a(dq.shape(), dtype_of<T>()), b(dk.shape(), dtype_of<T>()), c(dv.shape(), dtype_of<T>());
   kernels::attention_ref_backward<T>(r.in, dOt.data<T>(), a.data<T>(), b.data<T>(), c.data<T>(), p.threads);
@@ -234,7 +237,17 @@ Isa chosen_isa(const AttentionSpec& spec) {
   return *spec.isa;
 }
 
+// Products in bfloat16 (AttnInputs::bf16) while a Bf16Matmul lives on this thread and the
+// kernel for the chosen ISA has them (AVX512_BF16); the references then round the same operands.
+// A single query row (a decoding step's shape) stays float32: the flash kernel's forward pass
+// takes its float32 decoding path there, and backward must recompute the scores it saved.
+bool bf16_products(const AttentionSpec& spec, const kernels::AttnShape& s) {
+  return s.Tq > 1 && Bf16Matmul::active() && kernels::flash_bf16_supported(chosen_isa(spec));
+}
+
 }  // namespace
+
+bool bf16_attention_native() { return kernels::flash_bf16_supported(active_isa()); }
 
 std::vector<float> alibi_slopes(int64_t H) {
   // Power-of-two n: 2^(-8/n), 2^(-16/n), ...; otherwise the closest smaller power of two's
@@ -262,14 +275,15 @@ AttentionOutput attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   Tensor out({s.B, s.H, s.Tq, s.Dv}, DType::F32);
   Tensor lse({s.B, s.H, s.Tq}, DType::F32);
   if (out.numel() > 0 || lse.numel() > 0) {
+    const bool bf16 = bf16_products(spec, s);
     if (spec.impl == AttentionImpl::Reference) {
-      ref_forward<double>(p, out, lse);
+      ref_forward<double>(p, bf16, out, lse);
     } else if (spec.impl == AttentionImpl::ReferenceFloat32) {
-      ref_forward<float>(p, out, lse);
+      ref_forward<float>(p, bf16, out, lse);
     } else {
       const Isa isa = chosen_isa(spec);
-      Workspace ws(kernels::flash_forward_workspace(s, p.threads, isa));
-      kernels::flash_forward(inputs_f32(p), out.data<float>(), lse.data<float>(), ws.ptr, p.threads, isa);
+      Workspace ws(kernels::flash_forward_workspace(s, p.threads, isa, bf16));
+      kernels::flash_forward(inputs_f32(p, bf16), out.data<float>(), lse.data<float>(), ws.ptr, p.threads, isa);
     }
   }
   return {out.view(result_shape(p.q_shape, s.Dv, false)), lse.view(result_shape(p.q_shape, 0, true))};
@@ -296,14 +310,15 @@ AttentionGrads attention_backward(const Tensor& q, const Tensor& k, const Tensor
   };
   Tensor dq = grad({s.B, s.H, s.Tq, s.Dk}), dk = grad({s.B, s.Hkv, s.Tk, s.Dk}), dv = grad({s.B, s.Hkv, s.Tk, s.Dv});
   Tensor o = out.contiguous(), dO = dout.contiguous(), l = lse.contiguous();
+  const bool bf16 = bf16_products(spec, s);
   if (spec.impl == AttentionImpl::Reference) {
-    ref_backward<double>(p, dO, dq, dk, dv);
+    ref_backward<double>(p, bf16, dO, dq, dk, dv);
   } else if (spec.impl == AttentionImpl::ReferenceFloat32) {
-    ref_backward<float>(p, dO, dq, dk, dv);
+    ref_backward<float>(p, bf16, dO, dq, dk, dv);
   } else {
     const Isa isa = chosen_isa(spec);
-    Workspace ws(kernels::flash_backward_workspace(s, p.threads, isa));
-    kernels::flash_backward(inputs_f32(p), o.data<float>(), dO.data<float>(), l.data<float>(), dq.data<float>(),
+    Workspace ws(kernels::flash_backward_workspace(s, p.threads, isa, bf16));
+    kernels::flash_backward(inputs_f32(p, bf16), o.data<float>(), dO.data<float>(), l.data<float>(), dq.data<float>(),
                             dk.data<float>(), dv.data<float>(), ws.ptr, p.threads, isa);
   }
   return {dq.view(q.shape()), dk.view(k.shape()), dv.view(v.shape())};
@@ -322,7 +337,7 @@ Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& lse, co
   Tensor l = lse.contiguous();
   Tensor w({s.B, s.H, row_end - row_begin, s.Tk}, DType::F32);
   if (w.numel() > 0)
-    kernels::attention_weights_from_lse(inputs_f32(p), l.data<float>(), row_begin, row_end, w.data<float>(),
+    kernels::attention_weights_from_lse(inputs_f32(p, false), l.data<float>(), row_begin, row_end, w.data<float>(),
                                         p.threads);
   std::vector<int64_t> shape = p.q_shape;
   shape.back() = s.Tk;
