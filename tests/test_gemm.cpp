@@ -222,6 +222,58 @@ TEST(Gemm, Bf16UnchangedOperandIsRoundedOnceAndNeverStale) {
   EXPECT_EQ(dW2, dW3);
 }
 
+// A linear layer's bias gradient under Bf16Matmul: the column sums taken while dY is rounded are
+// the bits of a separate double row-order sum, added to what col_sum held, and the products that
+// follow use that rounding (the same bits as rounding in the product); nothing happens outside a
+// Bf16Matmul or for another matrix than the promised one.
+TEST(Gemm, Bf16RoundingWithColumnSumsKeepsTheirBits) {
+  std::mt19937 rng(14);
+  std::normal_distribution<float> n;
+  const int64_t Rows = 300, Out = 150, In = 29, ld = 157;  // dY (Rows, Out) with row stride ld: 3 column blocks
+  std::vector<float> dY(Rows * ld), W(Out * In), X(Rows * In);
+  for (auto* v : {&dY, &W, &X})
+    for (float& x : *v) x = n(rng);
+  std::vector<float> want(Out);
+  for (int64_t j = 0; j < Out; ++j) {
+    double acc = 0;
+    for (int64_t i = 0; i < Rows; ++i) acc += dY[i * ld + j];
+    want[j] = 0.5f + static_cast<float>(acc);
+  }
+  auto products = [&](bool fused, std::vector<float>& dX, std::vector<float>& dW, std::vector<float>& sums) {
+    dX.assign(Rows * In, 0.0f);
+    dW.assign(Out * In, 0.0f);
+    sums.assign(Out, 0.5f);
+    Bf16Matmul scope;
+    Bf16Unchanged kept(dY.data());
+    std::vector<float> saved;
+    if (fused) {
+      EXPECT_TRUE(kept.round_with_column_sums(Rows, Out, ld, sums.data()));
+      // the products use that copy: dY's values are not read again (breaking the promise here,
+      // for the test only, shows it)
+      saved = dY;
+      std::fill(dY.begin(), dY.end(), 0.0f);
+    }
+    sgemm(false, false, Rows, In, Out, 1.0f, dY.data(), ld, W.data(), In, 0.0f, dX.data(), In);
+    sgemm(true, false, Out, In, Rows, 1.0f, dY.data(), ld, X.data(), In, 0.0f, dW.data(), In);
+    if (fused) dY = saved;
+  };
+  std::vector<float> dX0, dW0, s0, dX1, dW1, s1;
+  products(false, dX0, dW0, s0);
+  products(true, dX1, dW1, s1);
+  EXPECT_EQ(s1, want);
+  EXPECT_EQ(dX1, dX0);
+  EXPECT_EQ(dW1, dW0);
+  std::vector<float> untouched(Out, 0.5f);
+  {
+    Bf16Unchanged kept(dY.data());  // no Bf16Matmul
+    EXPECT_FALSE(kept.round_with_column_sums(Rows, Out, ld, untouched.data()));
+    Bf16Matmul scope;
+    Bf16Unchanged other(W.data());  // the innermost promise is W's, not dY's
+    EXPECT_FALSE(kept.round_with_column_sums(Rows, Out, ld, untouched.data()));
+  }
+  EXPECT_EQ(untouched, std::vector<float>(Out, 0.5f));
+}
+
 TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {
   std::mt19937 rng(12);
   std::normal_distribution<float> n;

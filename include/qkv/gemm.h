@@ -67,7 +67,15 @@ class Bf16Unchanged {
   Bf16Unchanged(const Bf16Unchanged&) = delete;
   Bf16Unchanged& operator=(const Bf16Unchanged&) = delete;
 
+  // Under a Bf16Matmul on this thread: rounds the matrix now, as (rows, cols) with row stride ld
+  // (the copy the products that take it as A, stored so or transposed, then reuse), and in the
+  // same pass adds its column sums to col_sum[0, cols): col_sum[j] += float(the double sum of
+  // column j in row order), the bits of a separate column sum. A linear layer's bias gradient
+  // thus reads dY once with its rounding. Returns false and does nothing outside a Bf16Matmul.
+  bool round_with_column_sums(int64_t rows, int64_t cols, int64_t ld, float* col_sum) const;
+
  private:
+  const float* data_;
   const float* previous_;
 };
 

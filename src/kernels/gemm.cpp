@@ -59,7 +59,7 @@ struct RoundedKey {
 };
 thread_local RoundedKey g_rounded_a;
 
-Bf16Unchanged::Bf16Unchanged(const float* data) : previous_(g_unchanged) {
+Bf16Unchanged::Bf16Unchanged(const float* data) : data_(data), previous_(g_unchanged) {
   g_unchanged = data;
   g_rounded_a = {};
 }
@@ -69,6 +69,7 @@ Bf16Unchanged::~Bf16Unchanged() {
 }
 
 Bf16Matmul::Bf16Matmul() { ++g_bf16; }
+
 Bf16Matmul::~Bf16Matmul() { --g_bf16; }
 bool Bf16Matmul::active() { return g_bf16 > 0; }
 
@@ -141,7 +142,54 @@ void round_rows_bf16(const float* X, int64_t rows, int64_t cols, int64_t ld, uin
   for (int64_t r = 0; r < rows; ++r) kernels::f32_to_bf16_n(X + r * ld, out + r * out_ld, cols);
 }
 
+// The rounded copies of sgemm_bf16's operands, kept per thread (A's for the next call, see
+// Bf16Unchanged).
+thread_local Scratch<uint16_t> g_a_scratch, g_b_scratch;
+
+// A's copy's row stride: rows start 64 bytes apart for the native product (see sgemm_bf16).
+int64_t a_copy_ld(bool native, int64_t cols) { return native ? round_up(cols, 32) : cols; }
+
+// One column block of x (rows, width <= 64; row stride ld): each value rounded to bfloat16 into
+// out (row stride out_ld), as kernels::f32_to_bf16 rounds (nearest even, NaN kept quiet), and
+// acc[j] += x[i][j] in double, row by row. Per column, so vectorising it reorders nothing.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void round_and_sum_block(const float* x, int64_t rows, int64_t ld, int64_t width, uint16_t* out, int64_t out_ld,
+                         double* acc) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* r = x + i * ld;
+    uint16_t* o = out + i * out_ld;
+    for (int64_t j = 0; j < width; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, r + j, sizeof bits);
+      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, quiet = (bits >> 16) | 0x40u;
+      o[j] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+      acc[j] += r[j];
+    }
+  }
+}
+
 }  // namespace
+
+bool Bf16Unchanged::round_with_column_sums(int64_t rows, int64_t cols, int64_t ld, float* col_sum) const {
+  if (g_bf16 == 0 || g_unchanged != data_ || rows <= 0 || cols <= 0) return false;
+  check(ld >= cols, "Bf16Unchanged: row stride ", ld, " < ", cols, " columns");
+  const int64_t out_ld = a_copy_ld(bf16_gemm_native(), cols);
+  uint16_t* a16 = g_a_scratch.get(rows * out_ld);
+  // Column blocks of 64 (the blocks and the order of ops::detail::column_sums): each block's
+  // rows are rounded and summed in one pass.
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  const float* x = data_;
+#pragma omp parallel for num_threads(num_threads()) schedule(static) if (blocks > 1 && rows * cols >= (int64_t{1} << 15))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t j0 = blk * kBlock, width = std::min(kBlock, cols - j0);
+    double acc[kBlock] = {};
+    round_and_sum_block(x + j0, rows, ld, width, a16 + j0, out_ld, acc);
+    for (int64_t j = 0; j < width; ++j) col_sum[j0 + j] = col_sum[j0 + j] + static_cast<float>(acc[j]);
+  }
+  g_rounded_a = {data_, rows, cols, ld, out_ld};
+  return true;
+}
 
 // sgemm under Bf16Matmul: A and B rounded to bfloat16 as stored (packed copies, kept per thread
 // for the next call), then multiplied on bf16 dot products (native), or widened back to float32
@@ -158,10 +206,9 @@ void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, i
   // on rows that do not (measured on Zen 4, 2 threads: GPT-2's output-layer weight gradient,
   // 50,257 x 768 x 1,024 with the 50,257 columns of dY as its rows, ran at 290 GFLOP/s with
   // 50,257-element rows and at 420 with rows padded to 50,272; the input gradient 365 against 420).
-  const int64_t a_ld = native ? round_up(a_cols, 32) : a_cols, b_ld = native ? round_up(b_cols, 32) : b_cols;
-  thread_local Scratch<uint16_t> a_scratch, b_scratch;
-  uint16_t* a16 = a_scratch.get(a_rows * a_ld);
-  uint16_t* b16 = b_scratch.get(b_rows * b_ld);
+  const int64_t a_ld = a_copy_ld(native, a_cols), b_ld = a_copy_ld(native, b_cols);
+  uint16_t* a16 = g_a_scratch.get(a_rows * a_ld);
+  uint16_t* b16 = g_b_scratch.get(b_rows * b_ld);
   const RoundedKey a_key{A, a_rows, a_cols, lda, a_ld};
   if (!(A == g_unchanged && g_rounded_a == a_key)) {
     round_rows_bf16(A, a_rows, a_cols, lda, a16, a_ld);

@@ -228,6 +228,11 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
       const float* dY = out_grad(*y);
       if (!dY) return;
       const Bf16Unchanged dy_kept(dY);  // both products below round dY once under Bf16Matmul
+      // Under Bf16Matmul, where a product will round dY, the bias gradient's column sums are taken
+      // in that rounding's pass over dY (the same bits as column_sums below)
+      const bool products = (needs_grad(x) && Out > 0) || (needs_grad(w) && N > 0 && In > 0);
+      const bool bias_done = needs_grad(b) && products && Bf16Matmul::active() &&
+                             dy_kept.round_with_column_sums(N, Out, Out, grad_accum(*b) + bias_begin);
       // dx <- dy W[r0:r1]
       if (needs_grad(x)) {
         bool add = false;
@@ -254,7 +259,7 @@ Var linear(Tape& tape, const Var& x, const Var& w, const Var& b, int64_t row_beg
           sgemm(true, false, Out, In, N, 1.0f, dY, Out, x->value.data<float>(), In, add ? 1.0f : 0.0f, dW, In);
       }
       // db[r0:r1] += sum over rows of dy
-      if (needs_grad(b)) detail::column_sums(dY, N, Out, grad_accum(*b) + bias_begin, true);
+      if (needs_grad(b) && !bias_done) detail::column_sums(dY, N, Out, grad_accum(*b) + bias_begin, true);
     });
   }
   return y;
