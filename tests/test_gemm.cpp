@@ -274,6 +274,64 @@ TEST(Gemm, Bf16RoundingWithColumnSumsKeepsTheirBits) {
   EXPECT_EQ(untouched, std::vector<float>(Out, 0.5f));
 }
 
+// A training step's weights under Bf16Weights: the products whose B lies in a covered array give
+// the bits of rounding it per product, and the second product with the same weight uses the
+// first one's copy (writing the weight in between, which the promise forbids and the test does on
+// purpose, does not reach it); a slice of the array gets its own copy; a matrix outside the
+// arrays is rounded per product; after the scope, products round afresh.
+TEST(Gemm, Bf16WeightsAreRoundedOncePerScope) {
+  std::mt19937 rng(15);
+  std::normal_distribution<float> n;
+  const int64_t Rows = 33, Out = 70, In = 45;
+  std::vector<float> X(Rows * In), W(Out * In), dY(Rows * Out), other(Out * In);
+  for (auto* v : {&X, &W, &dY, &other})
+    for (float& x : *v) x = n(rng);
+  auto forward = [&](const float* w, int64_t out, std::vector<float>& y) {  // y = x w^T
+    y.assign(Rows * out, 0.0f);
+    sgemm(false, true, Rows, out, In, 1.0f, X.data(), In, w, In, 0.0f, y.data(), out);
+  };
+  auto input_grad = [&](const float* w, int64_t out, std::vector<float>& dx) {  // dx = dy w
+    dx.assign(Rows * In, 0.0f);
+    sgemm(false, false, Rows, In, out, 1.0f, dY.data(), Out, w, In, 0.0f, dx.data(), In);
+  };
+  std::vector<float> y0, dx0, ys0, dxs0, yo0;
+  {
+    Bf16Matmul scope;
+    forward(W.data(), Out, y0);
+    input_grad(W.data(), Out, dx0);
+    forward(W.data() + 10 * In, Out - 10, ys0);  // rows 10.. of W
+    input_grad(W.data() + 10 * In, Out - 10, dxs0);
+    forward(other.data(), Out, yo0);
+  }
+  const std::vector<float> W_saved = W, other_saved = other;
+  std::vector<float> y1, dx1, ys1, dxs1, yo1, yo2, y3;
+  {
+    Bf16Matmul scope;
+    Bf16Weights weights({{W.data(), static_cast<int64_t>(W.size())}});
+    forward(W.data(), Out, y1);
+    forward(W.data() + 10 * In, Out - 10, ys1);
+    forward(other.data(), Out, yo1);
+    for (float& x : W) x = n(rng);  // not seen by the kept copies
+    for (float& x : other) x = n(rng);  // seen: not covered
+    input_grad(W.data(), Out, dx1);
+    input_grad(W.data() + 10 * In, Out - 10, dxs1);
+    forward(other.data(), Out, yo2);
+  }
+  EXPECT_EQ(y1, y0);
+  EXPECT_EQ(dx1, dx0);
+  EXPECT_EQ(ys1, ys0);
+  EXPECT_EQ(dxs1, dxs0);
+  EXPECT_EQ(yo1, yo0);
+  EXPECT_NE(yo2, yo0);
+  {
+    Bf16Matmul scope;
+    forward(W.data(), Out, y3);  // the scope is gone: W's new values
+  }
+  EXPECT_NE(y3, y0);
+  W = W_saved;
+  other = other_saved;
+}
+
 TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {
   std::mt19937 rng(12);
   std::normal_distribution<float> n;

@@ -1,7 +1,10 @@
 // qkv/gemm.h: matrix multiplication through oneDNN (matrices) and OpenBLAS (a single row).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace qkv {
 
@@ -77,6 +80,27 @@ class Bf16Unchanged {
  private:
   const float* data_;
   const float* previous_;
+};
+
+// While an object of this class lives on a thread, products under Bf16Matmul on that thread whose
+// second operand (B) lies inside one of the given float32 arrays round it once and reuse the
+// copy (one per pointer, rows, columns and stride): a training step's weights, which the forward
+// pass (x W^T) and the backward pass's input gradient (dy W) both multiply by. PyTorch's autocast
+// keeps its weights' casts the same way within a region. The arrays must not be written while it
+// lives; the copies (2 bytes per weight used) are freed with it. Nested objects: the innermost
+// one serves.
+class Bf16Weights {
+ public:
+  // (data, number of floats) of each array
+  explicit Bf16Weights(const std::vector<std::pair<const float*, int64_t>>& arrays);
+  ~Bf16Weights();
+  Bf16Weights(const Bf16Weights&) = delete;
+  Bf16Weights& operator=(const Bf16Weights&) = delete;
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+  State* previous_;
 };
 
 struct BlasInfo {

@@ -170,6 +170,46 @@ void round_and_sum_block(const float* x, int64_t rows, int64_t ld, int64_t width
 
 }  // namespace
 
+// Bf16Weights: the arrays it covers and the rounded copies made so far.
+struct Bf16Weights::State {
+  std::vector<std::pair<const float*, int64_t>> arrays;
+  struct Copy {
+    RoundedKey key;
+    std::unique_ptr<uint16_t, decltype(&std::free)> data{nullptr, &std::free};
+  };
+  std::vector<Copy> copies;
+
+  bool covers(const float* B, int64_t rows, int64_t cols, int64_t ld) const {
+    if (rows <= 0 || cols <= 0) return false;
+    const int64_t extent = (rows - 1) * ld + cols;  // floats from B to its last element
+    for (const auto& [p, n] : arrays)
+      if (B >= p && extent <= n && B - p <= n - extent) return true;
+    return false;
+  }
+  // B's copy (rows x cols, row stride out_ld), rounded on first use.
+  const uint16_t* copy_of(const float* B, int64_t rows, int64_t cols, int64_t ld, int64_t out_ld) {
+    const RoundedKey key{B, rows, cols, ld, out_ld};
+    for (const Copy& c : copies)
+      if (c.key == key) return c.data.get();
+    const size_t bytes = (static_cast<size_t>(rows * out_ld) * sizeof(uint16_t) + 63) / 64 * 64;
+    Copy c;
+    c.key = key;
+    c.data.reset(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+    check(c.data != nullptr, "sgemm (bf16): cannot allocate ", bytes, " bytes for a weight's rounded copy");
+    round_rows_bf16(B, rows, cols, ld, c.data.get(), out_ld);
+    copies.push_back(std::move(c));
+    return copies.back().data.get();
+  }
+};
+thread_local Bf16Weights::State* g_weights = nullptr;
+
+Bf16Weights::Bf16Weights(const std::vector<std::pair<const float*, int64_t>>& arrays)
+    : state_(std::make_unique<State>()), previous_(g_weights) {
+  state_->arrays = arrays;
+  g_weights = state_.get();
+}
+Bf16Weights::~Bf16Weights() { g_weights = previous_; }
+
 bool Bf16Unchanged::round_with_column_sums(int64_t rows, int64_t cols, int64_t ld, float* col_sum) const {
   if (g_bf16 == 0 || g_unchanged != data_ || rows <= 0 || cols <= 0) return false;
   check(ld >= cols, "Bf16Unchanged: row stride ", ld, " < ", cols, " columns");
@@ -208,13 +248,20 @@ void sgemm_bf16(bool native, bool trans_a, bool trans_b, int64_t M, int64_t N, i
   // 50,257-element rows and at 420 with rows padded to 50,272; the input gradient 365 against 420).
   const int64_t a_ld = a_copy_ld(native, a_cols), b_ld = a_copy_ld(native, b_cols);
   uint16_t* a16 = g_a_scratch.get(a_rows * a_ld);
-  uint16_t* b16 = g_b_scratch.get(b_rows * b_ld);
+  // B: a weight's copy kept for the step (Bf16Weights), or rounded for this product
+  const uint16_t* b16 = nullptr;
+  if (g_weights != nullptr && g_weights->covers(B, b_rows, b_cols, ldb)) {
+    b16 = g_weights->copy_of(B, b_rows, b_cols, ldb, b_ld);
+  } else {
+    uint16_t* copy = g_b_scratch.get(b_rows * b_ld);
+    round_rows_bf16(B, b_rows, b_cols, ldb, copy, b_ld);
+    b16 = copy;
+  }
   const RoundedKey a_key{A, a_rows, a_cols, lda, a_ld};
   if (!(A == g_unchanged && g_rounded_a == a_key)) {
     round_rows_bf16(A, a_rows, a_cols, lda, a16, a_ld);
     g_rounded_a = A == g_unchanged ? a_key : RoundedKey{};
   }
-  round_rows_bf16(B, b_rows, b_cols, ldb, b16, b_ld);
   if (native && K > 0) {
     // element strides of the (M, K) and (K, N) views of the copies
     const int64_t ar = trans_a ? 1 : a_ld, ac = trans_a ? a_ld : 1, br = trans_b ? 1 : b_ld, bc = trans_b ? b_ld : 1;

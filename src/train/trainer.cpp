@@ -74,7 +74,15 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   r.step = step_ + 1;
   // --precision bf16: the forward and backward passes' matrix products in bfloat16
   std::optional<Bf16Matmul> bf16;
-  if (config_.precision == Precision::BF16) bf16.emplace();
+  // and each weight rounded once for the step's forward and backward passes (freed before the
+  // optimiser writes the weights)
+  std::optional<Bf16Weights> bf16_weights;
+  if (config_.precision == Precision::BF16) {
+    bf16.emplace();
+    std::vector<std::pair<const float*, int64_t>> arrays;
+    for (const Parameter& p : params) arrays.emplace_back(p.var->value.data<float>(), p.var->value.numel());
+    bf16_weights.emplace(arrays);
+  }
   const float inv = 1.0f / static_cast<float>(micro.size());
   // a rank's micro-batch k is part rank + k of the global batch: its dropout stream is that part's
   const uint64_t first = comm_ ? static_cast<uint64_t>(comm_->rank()) : 0;
@@ -121,6 +129,7 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
       tape.clear();
     }
   }
+  bf16_weights.reset();
   r.lr = learning_rate(config_.schedule, r.step);
   step_ = r.step;
   double grad_divisor = 1.0;  // token_mean: the gradient so far is of the sum of token losses
