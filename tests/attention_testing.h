@@ -141,9 +141,12 @@ struct KernelInputs {
   static Tensor convert(const Tensor& t) { return t.dtype() == dtype_of<T>() ? t : t.to(dtype_of<T>()); }
 };
 
-// q, k, v: 4-D float32; dout may be undefined (forward only).
-inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec) {
-  const KernelInputs<double> ki(q, k, v, spec);
+// q, k, v: 4-D float32; dout may be undefined (forward only). bf16: the reference that rounds the
+// operands of each product as the flash kernel's bf16 products do (AttnInputs::bf16), its twin.
+inline Oracle oracle(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec,
+                     bool bf16 = false) {
+  KernelInputs<double> ki(q, k, v, spec);
+  ki.in.bf16 = bf16;
   const kernels::AttnShape& s = ki.in.s;
   Oracle o;
   o.out.resize(s.B * s.H * s.Tq * s.Dv);

@@ -503,22 +503,6 @@ Bf16Errors bf16_errors(const Tensor& fast, const std::vector<double>& twin, cons
   return e;
 }
 
-Oracle bf16_twin(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionSpec& spec) {
-  KernelInputs<double> ki(q, k, v, spec);
-  ki.in.bf16 = true;
-  const kernels::AttnShape& s = ki.in.s;
-  Oracle o;
-  o.out.resize(s.B * s.H * s.Tq * s.Dv);
-  o.lse.resize(s.B * s.H * s.Tq);
-  kernels::attention_ref_forward<double>(ki.in, o.out.data(), o.lse.data(), 2);
-  Tensor dd = dout.to(DType::F64);
-  o.dq.resize(s.B * s.H * s.Tq * s.Dk);
-  o.dk.resize(s.B * s.Hkv * s.Tk * s.Dk);
-  o.dv.resize(s.B * s.Hkv * s.Tk * s.Dv);
-  kernels::attention_ref_backward<double>(ki.in, dd.data<double>(), o.dq.data(), o.dk.data(), o.dv.data(), 2);
-  return o;
-}
-
 TEST(FlashBf16, MatchesItsTwinAndIsAsAccurateAsPlainBf16) {
   if (!kernels::flash_bf16_supported(Isa::AVX512))
     GTEST_SKIP() << "this CPU has no AVX512_BF16: attention's products stay float32 under a Bf16Matmul";
@@ -540,7 +524,7 @@ TEST(FlashBf16, MatchesItsTwinAndIsAsAccurateAsPlainBf16) {
     SCOPED_TRACE(ctx);
     Tensor q = randn({B, H, Tq, Dk}, rng), k = randn({B, Hkv, Tk, Dk}, rng), v = randn({B, Hkv, Tk, Dv}, rng);
     Tensor dout = randn({B, H, Tq, Dv}, rng);
-    const Oracle exact = oracle(q, k, v, dout, spec), twin = bf16_twin(q, k, v, dout, spec);
+    const Oracle exact = oracle(q, k, v, dout, spec), twin = oracle(q, k, v, dout, spec, /*bf16=*/true);
     AttentionOutput fo[2];
     AttentionGrads fg[2];
     for (int threads : {1, 2}) {

@@ -84,7 +84,8 @@ struct AttnInputs {
   Strides vs;
   // Products in bfloat16, as PyTorch's bf16 autocast runs attention's matmuls: each product's two
   // operands (scale * Q, K, V, the probabilities, dO, dS) rounded to bfloat16 (nearest even, NaN
-  // kept), their products exact and summed in float32; the softmax, its statistics and every
+  // kept; the kernel flushes denormals, as vdpbf16ps reads them), their products exact and summed
+  // in float32; the softmax, its statistics and every
   // other sum stay float32. The flash kernel does this on AVX512_BF16 only
   // (flash_bf16_supported); the reference rounds the same operands (its twin).
   bool bf16 = false;

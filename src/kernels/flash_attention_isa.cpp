@@ -86,9 +86,9 @@ void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const fl
 
 // ---------------------------------------------------------------------------------------------
 // bfloat16 tile products (AttnInputs::bf16), compiled where vectors are AVX-512's: C (M, N) (+)=
-// A (M, K) B (K, N) with both operands rounded to bfloat16 (nearest even, NaN kept: what
-// kernels::f32_to_bf16 does) and their products summed in float32 by vdpbf16ps, two terms of K
-// per instruction and lane. Each call stages its operands in the thread's buffers: A's rows as
+// A (M, K) B (K, N) with both operands rounded to bfloat16 (nearest even, NaN kept, denormals
+// flushed to zero; see the staging below) and their products summed in float32 by vdpbf16ps, two
+// terms of K per instruction and lane. Each call stages its operands in the thread's buffers: A's rows as
 // bf16 pairs along K, B as pairs along K (row 2p and 2p+1 interleaved, VNNI order), K padded with
 // a zero to an even count. Staging is O(MK + KN) against the product's O(MKN) and re-rounds a
 // value each time a tile is used; every tile of the same operand is rounded to the same bits.
