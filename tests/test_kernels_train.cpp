@@ -413,6 +413,36 @@ TEST(AdamW, MatchesFloat64FormulaOverTenSteps) {
   }
 }
 
+// A training step's parameters in one call: the bits of one adamw_step per tensor, for 1, 2 and 3
+// threads, with tensors smaller than a slice, spanning several, empty, and different settings.
+TEST(AdamW, ManyTensorsInOneCallGiveEachTensorsBits) {
+  const std::vector<int64_t> sizes = {5, 70001, 0, 16384, 300, 40000};
+  std::vector<AdamWProblem> prs;
+  for (size_t k = 0; k < sizes.size(); ++k) prs.push_back(adamw_problem(sizes[k], 3, 20 + static_cast<uint32_t>(k)));
+  std::vector<AdamWState> want;
+  for (size_t k = 0; k < sizes.size(); ++k) want.push_back(adamw_run(prs[k], kConfigs[k % 3], 1));
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE(::testing::Message() << threads << " threads");
+    std::vector<AdamWState> got;
+    for (size_t k = 0; k < sizes.size(); ++k)
+      got.push_back({prs[k].param0, std::vector<float>(sizes[k], 0.0f), std::vector<float>(sizes[k], 0.0f)});
+    for (int step = 0; step < 3; ++step) {
+      std::vector<AdamWTensor> t;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        AdamWParams hp = kConfigs[k % 3];
+        hp.step = step + 1;
+        t.push_back({got[k].param.data(), prs[k].grads[step].data(), got[k].m.data(), got[k].v.data(), sizes[k], hp});
+      }
+      adamw_steps(t.data(), static_cast<int64_t>(t.size()), threads);
+    }
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      EXPECT_EQ(got[k].param, want[k].param) << "tensor " << k;
+      EXPECT_EQ(got[k].m, want[k].m) << "tensor " << k;
+      EXPECT_EQ(got[k].v, want[k].v) << "tensor " << k;
+    }
+  }
+}
+
 // Clipping folded into the step (grad_scale) is exactly the step on pre-scaled gradients, for
 // any thread count, across slice boundaries (n spans several 16384-element slices).
 TEST(AdamW, GradScaleEqualsPrescaledGradientsBitwise) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/train_isa.h"
 
@@ -21,7 +22,8 @@ constexpr int64_t kSlice = 1 << 14;
 
 }  // namespace
 
-void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p, int threads) {
+namespace {
+AdamWScalars scalars_of(const AdamWParams& p) {
   const double lr = p.lr, b1 = p.beta1, b2 = p.beta2, wd = p.weight_decay;
   const double step = static_cast<double>(p.step);
   // decay <- 1 - lr wd ;  bc1 <- 1 - beta1^step ;  bc2 <- 1 - beta2^step
@@ -38,6 +40,12 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   c.neg_step = static_cast<float>(-(lr / bc1));
   c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   c.eps = p.eps;
+  return c;
+}
+}  // namespace
+
+void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p, int threads) {
+  const AdamWScalars c = scalars_of(p);
   const auto update = train_isa(active_isa()).adamw_update;
   // Each thread updates one contiguous slice of whole kSlice blocks; elementwise, so the
   // split does not change any result.
@@ -46,6 +54,31 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   for (int64_t s = 0; s < nslices; ++s) {
     const int64_t i0 = s * kSlice, len = std::min(kSlice, n - i0);
     update(param + i0, grad + i0, m + i0, v + i0, len, c);
+  }
+}
+
+void adamw_steps(const AdamWTensor* tensors, int64_t count, int threads) {
+  // first[k]: the index of tensor k's first slice among all of them
+  std::vector<int64_t> first(static_cast<size_t>(count) + 1, 0);
+  std::vector<AdamWScalars> c(static_cast<size_t>(count));
+  for (int64_t k = 0; k < count; ++k) {
+    first[k + 1] = first[k] + (std::max<int64_t>(tensors[k].n, 0) + kSlice - 1) / kSlice;
+    c[k] = scalars_of(tensors[k].p);
+  }
+  const int64_t total = first[count];
+  const auto update = train_isa(active_isa()).adamw_update;
+#pragma omp parallel num_threads(threads) if (total > 1)
+  {
+    // a contiguous run of slices per thread (as schedule(static)), its tensor found once
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t s0 = total * t / nt, s1 = total * (t + 1) / nt;
+    int64_t k = std::upper_bound(first.begin(), first.end(), s0) - first.begin() - 1;
+    for (int64_t s = s0; s < s1; ++s) {
+      while (s >= first[k + 1]) ++k;
+      const AdamWTensor& x = tensors[k];
+      const int64_t i0 = (s - first[k]) * kSlice, len = std::min(kSlice, x.n - i0);
+      update(x.param + i0, x.grad + i0, x.m + i0, x.v + i0, len, c[k]);
+    }
   }
 }
 

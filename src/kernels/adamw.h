@@ -29,6 +29,19 @@ struct AdamWParams {
 // fuse a multiply and an add where the ISA has FMA: within an ulp of the unfused order.
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p, int threads);
 
+// adamw_step on many tensors in one parallel region (a training step's parameters): their
+// kSlice-element slices, in order, split evenly between the threads, instead of one region per
+// tensor with small tensors on the calling thread alone. The same bits as adamw_step on each.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  AdamWParams p;
+};
+void adamw_steps(const AdamWTensor* tensors, int64_t count, int threads);
+
 // sum over tensors k of sum_i grads[k][i]^2, accumulated in double. Each tensor is split into
 // chunks whose size depends only on its length; chunks and tensors are added in order, so the
 // result is bitwise identical for any thread count. The norm is sqrt of the result.

@@ -189,8 +189,10 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   }
   const auto grad_scale = static_cast<float>(scale);
   ++updates_;
+  // every parameter in one parallel region (the same bits as one adamw_step each)
+  std::vector<kernels::AdamWTensor> update(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    kernels::AdamWParams ap;
+    kernels::AdamWParams& ap = update[i].p;
     ap.lr = static_cast<float>(r.lr);
     ap.beta1 = static_cast<float>(config_.beta1);
     ap.beta2 = static_cast<float>(config_.beta2);
@@ -198,9 +200,13 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     ap.weight_decay = (params[i].decay || config_.decay_all) ? static_cast<float>(config_.weight_decay) : 0.0f;
     ap.step = updates_;
     ap.grad_scale = grad_scale;
-    kernels::adamw_step(params[i].var->value.data<float>(), params[i].var->grad.data<float>(), m_[i].data<float>(),
-                        v_[i].data<float>(), params[i].var->value.numel(), ap, threads);
+    update[i].param = params[i].var->value.data<float>();
+    update[i].grad = params[i].var->grad.data<float>();
+    update[i].m = m_[i].data<float>();
+    update[i].v = v_[i].data<float>();
+    update[i].n = params[i].var->value.numel();
   }
+  kernels::adamw_steps(update.data(), static_cast<int64_t>(update.size()), threads);
   return r;
 }
 
