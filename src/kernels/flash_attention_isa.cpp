@@ -165,7 +165,12 @@ QKV_BF16_TARGET void ukernel_bf16(int64_t Kp, const uint16_t* A, int64_t lda, co
     for (int r = 0; r < M; ++r) {
       uint32_t pair;
       std::memcpy(&pair, A + r * lda + 2 * k, sizeof pair);
-      const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+      __m512i a32 = _mm512_set1_epi32(static_cast<int>(pair));
+#if defined(__clang__)
+      // clang 16 crashes when it folds this broadcast into vdpbf16ps ({1to16}): keep it a register
+      __asm__("" : "+v"(a32));
+#endif
+      const __m512bh a = reinterpret_cast<__m512bh>(a32);
 #pragma GCC unroll 4
       for (int v = 0; v < NVEC; ++v) c[r][v] = _mm512_dpbf16_ps(c[r][v], a, b[v]);
     }
