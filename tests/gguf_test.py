@@ -484,7 +484,8 @@ def main():
                (tag, name, " under --dtype " + dtype if dtype else "", float(np.abs(got - want).max())))
 
     # ---- K-quants: converted to Q8_0 from their dequantised values ----
-    cfg, t = random_llama(rng)
+    # (a vocabulary of 6000: the Q6_K output layer is 1.2 MiB, so qkv dequantises it in two pieces)
+    cfg, t = random_llama(rng, vocab=6000)
     kq, deq = {}, dict(t)
     kinds = {"attn_q": Q4_K, "attn_k": Q5_K, "attn_v": Q6_K, "attn_output": Q4_K, "ffn_gate": Q5_K, "ffn_down": Q6_K,
              "ffn_up": Q4_K}
@@ -537,6 +538,12 @@ def main():
     got = logits(qkv, path2, ids_path, os.path.join(work, "g.npy"))
     want = logits(qkv, folder2, ids_path, os.path.join(work, "w.npy"), "int8")
     ok(np.array_equal(got, want), "packed K-quant GGUF: logits bitwise equal to its values' folder under --dtype int8")
+    # --dtype f32: every K-quant matrix dequantised whole into float32 (the 1.2 MiB output layer in
+    # two pieces), the same floats as the NumPy-dequantised folder's
+    got = logits(qkv, path, ids_path, os.path.join(work, "g.npy"), "f32")
+    want = logits(qkv, folder, ids_path, os.path.join(work, "w.npy"))
+    ok(np.array_equal(got, want), "K-quant GGUF under --dtype f32: logits bitwise equal to the dequantised folder's "
+       "(max diff %.3g)" % float(np.abs(got - want).max()))
     # --dtype on a GGUF file packs from the dequantised values
     got = logits(qkv, path, ids_path, os.path.join(work, "g.npy"), "bf16")
     want = logits(qkv, folder, ids_path, os.path.join(work, "w.npy"), "bf16")

@@ -389,20 +389,31 @@ void GgufFile::read_rows(const Tensor& t, int64_t first, int64_t n, void* dst) c
 void GgufFile::read_rows_f32(const Tensor& t, int64_t first, int64_t n, float* dst) const {
   const uint64_t rb = ggml_row_bytes(t.type, t.ne[0]);
   const int64_t K = t.ne[0];
-  std::vector<uint8_t> raw(static_cast<size_t>(rb * static_cast<uint64_t>(n)));
-  read_rows(t, first, n, raw.data());
-  for (int64_t r = 0; r < n; ++r) {
-    const uint8_t* row = raw.data() + static_cast<size_t>(r) * rb;
-    float* out = dst + r * K;
-    switch (t.type) {
-      case GgmlType::F32: std::memcpy(out, row, static_cast<size_t>(K) * 4); break;
-      case GgmlType::F16: kernels::dequantize_row(WType::F16, row, K, out); break;
-      case GgmlType::BF16: kernels::dequantize_row(WType::BF16, row, K, out); break;
-      case GgmlType::Q8_0: kernels::dequantize_row(WType::Q8_0, row, K, out); break;
-      case GgmlType::Q4_0: kernels::dequantize_row(WType::Q4_0, row, K, out); break;
-      case GgmlType::Q4_K: kernels::dequantize_q4_k(row, K, out); break;
-      case GgmlType::Q5_K: kernels::dequantize_q5_k(row, K, out); break;
-      case GgmlType::Q6_K: kernels::dequantize_q6_k(row, K, out); break;
+  // float32 rows are the floats themselves: read straight into place (a copy of the whole tensor
+  // first would put its size on the load's peak memory: a float32 output layer is 100s of MiB)
+  if (t.type == GgmlType::F32) {
+    read_rows(t, first, n, dst);
+    return;
+  }
+  // the other types through a buffer of about 1 MiB of rows at a time
+  const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((uint64_t{1} << 20) / std::max<uint64_t>(rb, 1)));
+  std::vector<uint8_t> raw(static_cast<size_t>(rb * static_cast<uint64_t>(std::min(n, chunk))));
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t m = std::min(chunk, n - r0);
+    read_rows(t, first + r0, m, raw.data());
+    for (int64_t r = 0; r < m; ++r) {
+      const uint8_t* row = raw.data() + static_cast<size_t>(r) * rb;
+      float* out = dst + (r0 + r) * K;
+      switch (t.type) {
+        case GgmlType::F32: std::memcpy(out, row, static_cast<size_t>(K) * 4); break;
+        case GgmlType::F16: kernels::dequantize_row(WType::F16, row, K, out); break;
+        case GgmlType::BF16: kernels::dequantize_row(WType::BF16, row, K, out); break;
+        case GgmlType::Q8_0: kernels::dequantize_row(WType::Q8_0, row, K, out); break;
+        case GgmlType::Q4_0: kernels::dequantize_row(WType::Q4_0, row, K, out); break;
+        case GgmlType::Q4_K: kernels::dequantize_q4_k(row, K, out); break;
+        case GgmlType::Q5_K: kernels::dequantize_q5_k(row, K, out); break;
+        case GgmlType::Q6_K: kernels::dequantize_q6_k(row, K, out); break;
+      }
     }
   }
 }
