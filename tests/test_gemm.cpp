@@ -332,6 +332,65 @@ TEST(Gemm, Bf16WeightsAreRoundedOncePerScope) {
   other = other_saved;
 }
 
+// Bf16WeightBuffers: the next scope writes its copies into the buffers the last one left (no
+// fresh pages each training step); what is carried is memory, never values: a weight changed
+// between two scopes is rounded afresh, and a scope that uses fewer copies leaves fewer behind.
+TEST(Gemm, Bf16WeightBuffersCarryMemoryNotValues) {
+  std::mt19937 rng(16);
+  std::normal_distribution<float> n;
+  const int64_t Rows = 33, Out = 70, In = 45;
+  std::vector<float> X(Rows * In), W(Out * In);
+  for (auto* v : {&X, &W})
+    for (float& x : *v) x = n(rng);
+  auto forward = [&](const float* w, int64_t out) {  // x w^T
+    std::vector<float> y(Rows * out, 0.0f);
+    sgemm(false, true, Rows, out, In, 1.0f, X.data(), In, w, In, 0.0f, y.data(), out);
+    return y;
+  };
+  auto plain = [&](const float* w, int64_t out) {  // the same product with no weights' scope
+    Bf16Matmul scope;
+    return forward(w, out);
+  };
+  Bf16WeightBuffers buffers;
+  EXPECT_EQ(buffers.bytes(), 0u);
+  const std::vector<float> want1 = plain(W.data(), Out), want1s = plain(W.data() + 10 * In, Out - 10);
+  {
+    Bf16Matmul scope;
+    Bf16Weights weights({{W.data(), static_cast<int64_t>(W.size())}}, &buffers);
+    EXPECT_EQ(forward(W.data(), Out), want1);
+    EXPECT_EQ(forward(W.data() + 10 * In, Out - 10), want1s);
+  }
+  const size_t two = buffers.bytes();
+  EXPECT_GE(two, static_cast<size_t>((Out + Out - 10) * In * 2));  // both copies kept
+  for (float& x : W) x = n(rng);  // the next step's weights
+  const std::vector<float> want2 = plain(W.data(), Out), want2s = plain(W.data() + 10 * In, Out - 10);
+  ASSERT_NE(want2, want1);
+  {
+    Bf16Matmul scope;
+    Bf16Weights weights({{W.data(), static_cast<int64_t>(W.size())}}, &buffers);
+    EXPECT_EQ(buffers.bytes(), two);  // taken out only when used
+    EXPECT_EQ(forward(W.data(), Out), want2);  // the new values, in the old buffer
+    EXPECT_LT(buffers.bytes(), two);
+    EXPECT_EQ(forward(W.data() + 10 * In, Out - 10), want2s);
+    EXPECT_EQ(buffers.bytes(), 0u);
+  }
+  EXPECT_EQ(buffers.bytes(), two);  // the same two buffers back, nothing more
+  {
+    Bf16Matmul scope;
+    Bf16Weights weights({{W.data(), static_cast<int64_t>(W.size())}}, &buffers);
+    EXPECT_EQ(forward(W.data() + 10 * In, Out - 10), want2s);
+  }
+  EXPECT_GT(buffers.bytes(), 0u);
+  EXPECT_LT(buffers.bytes(), two);  // the unused one was freed
+  {  // and a scope without buffers leaves them alone
+    Bf16Matmul scope;
+    Bf16Weights weights({{W.data(), static_cast<int64_t>(W.size())}});
+    EXPECT_EQ(forward(W.data(), Out), want2);
+  }
+  EXPECT_LT(buffers.bytes(), two);
+  EXPECT_GT(buffers.bytes(), 0u);
+}
+
 TEST(Gemm, Bf16MatmulScopeRoutesSgemm) {
   std::mt19937 rng(12);
   std::normal_distribution<float> n;

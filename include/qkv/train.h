@@ -21,6 +21,7 @@
 namespace qkv {
 
 class GradientReducer;
+class Bf16WeightBuffers;
 
 // The arithmetic of a training step's matrix products (every linear layer, forward and backward).
 // BF16: their inputs rounded to bfloat16, products summed in float32 (qkv::Bf16Matmul, on the CPU's
@@ -108,6 +109,7 @@ class Trainer {
   Communicator* comm_ = nullptr;
   std::shared_ptr<GradientReducer> reducer_;  // data parallelism's gradient buckets (src/train/grad_reducer.h)
   int64_t reducer_bytes_ = 0;
+  std::shared_ptr<Bf16WeightBuffers> bf16_buffers_;  // bf16: the weights' rounded copies, kept from step to step
 };
 
 // The model config stored in a checkpoint (to build the Model before load_checkpoint), and the

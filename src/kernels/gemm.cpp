@@ -170,14 +170,29 @@ void round_and_sum_block(const float* x, int64_t rows, int64_t ld, int64_t width
 
 }  // namespace
 
+using Bf16Buffer = std::unique_ptr<uint16_t, decltype(&std::free)>;
+
+struct Bf16WeightBuffers::Impl {
+  std::vector<std::pair<size_t, Bf16Buffer>> spare;  // (bytes, buffer)
+};
+Bf16WeightBuffers::Bf16WeightBuffers() : impl_(std::make_unique<Impl>()) {}
+Bf16WeightBuffers::~Bf16WeightBuffers() = default;
+size_t Bf16WeightBuffers::bytes() const {
+  size_t n = 0;
+  for (const auto& s : impl_->spare) n += s.first;
+  return n;
+}
+
 // Bf16Weights: the arrays it covers and the rounded copies made so far.
 struct Bf16Weights::State {
   std::vector<std::pair<const float*, int64_t>> arrays;
   struct Copy {
     RoundedKey key;
-    std::unique_ptr<uint16_t, decltype(&std::free)> data{nullptr, &std::free};
+    size_t bytes = 0;
+    Bf16Buffer data{nullptr, &std::free};
   };
   std::vector<Copy> copies;
+  Bf16WeightBuffers::Impl* keep = nullptr;  // where the buffers come from and go back to
 
   bool covers(const float* B, int64_t rows, int64_t cols, int64_t ld) const {
     if (rows <= 0 || cols <= 0) return false;
@@ -191,10 +206,18 @@ struct Bf16Weights::State {
     const RoundedKey key{B, rows, cols, ld, out_ld};
     for (const Copy& c : copies)
       if (c.key == key) return c.data.get();
-    const size_t bytes = (static_cast<size_t>(rows * out_ld) * sizeof(uint16_t) + 63) / 64 * 64;
+    const size_t bytes = std::max<size_t>((static_cast<size_t>(rows * out_ld) * sizeof(uint16_t) + 63) / 64 * 64, 64);
     Copy c;
     c.key = key;
-    c.data.reset(static_cast<uint16_t*>(std::aligned_alloc(64, std::max<size_t>(bytes, 64))));
+    c.bytes = bytes;
+    if (keep)
+      for (auto it = keep->spare.begin(); it != keep->spare.end(); ++it)
+        if (it->first == bytes) {
+          c.data = std::move(it->second);
+          keep->spare.erase(it);
+          break;
+        }
+    if (c.data == nullptr) c.data.reset(static_cast<uint16_t*>(std::aligned_alloc(64, bytes)));
     check(c.data != nullptr, "sgemm (bf16): cannot allocate ", bytes, " bytes for a weight's rounded copy");
     round_rows_bf16(B, rows, cols, ld, c.data.get(), out_ld);
     copies.push_back(std::move(c));
@@ -203,12 +226,19 @@ struct Bf16Weights::State {
 };
 thread_local Bf16Weights::State* g_weights = nullptr;
 
-Bf16Weights::Bf16Weights(const std::vector<std::pair<const float*, int64_t>>& arrays)
+Bf16Weights::Bf16Weights(const std::vector<std::pair<const float*, int64_t>>& arrays, Bf16WeightBuffers* buffers)
     : state_(std::make_unique<State>()), previous_(g_weights) {
   state_->arrays = arrays;
+  state_->keep = buffers ? buffers->impl_.get() : nullptr;
   g_weights = state_.get();
 }
-Bf16Weights::~Bf16Weights() { g_weights = previous_; }
+Bf16Weights::~Bf16Weights() {
+  if (Bf16WeightBuffers::Impl* keep = state_->keep) {
+    keep->spare.clear();  // what this object did not take
+    for (State::Copy& c : state_->copies) keep->spare.emplace_back(c.bytes, std::move(c.data));
+  }
+  g_weights = previous_;
+}
 
 bool Bf16Unchanged::round_with_column_sums(int64_t rows, int64_t cols, int64_t ld, float* col_sum) const {
   if (g_bf16 == 0 || g_unchanged != data_ || rows <= 0 || cols <= 0) return false;

@@ -173,16 +173,13 @@ AttnInputs<float> inputs_f32(const Prepared& p, bool bf16) {
   return in;
 }
 
+// The kernels' workspace, 64-byte aligned, contents unspecified: from Storage's block cache, so
+// that a training step's calls reuse the blocks of the step before (a fresh block of megabytes is
+// fresh pages: faults and the kernel's zeroing on first touch, every call).
 struct Workspace {
-  void* ptr = nullptr;
-  explicit Workspace(size_t bytes) {
-    bytes = (bytes + 63) / 64 * 64;
-    ptr = std::aligned_alloc(64, std::max<size_t>(bytes, 64));
-    check(ptr != nullptr, "attention: could not allocate a workspace of ", bytes, " bytes");
-  }
-  ~Workspace() { std::free(ptr); }
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
+  Storage block;
+  void* ptr;
+  explicit Workspace(size_t bytes) : block(bytes, false), ptr(block.data()) {}
 };
 
 // The reference in precision T on inputs converted to T (float: no copies needed).

@@ -81,7 +81,8 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
     bf16.emplace();
     std::vector<std::pair<const float*, int64_t>> arrays;
     for (const Parameter& p : params) arrays.emplace_back(p.var->value.data<float>(), p.var->value.numel());
-    bf16_weights.emplace(arrays);
+    if (!bf16_buffers_) bf16_buffers_ = std::make_shared<Bf16WeightBuffers>();
+    bf16_weights.emplace(arrays, bf16_buffers_.get());
   }
   const float inv = 1.0f / static_cast<float>(micro.size());
   // a rank's micro-batch k is part rank + k of the global batch: its dropout stream is that part's
