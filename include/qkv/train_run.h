@@ -34,7 +34,7 @@ struct TrainOptions {
   double subword_alpha = 0;     // subword sampling (0: off)
   uint64_t seed = 1;
   // The rest.
-  std::string out, config, tokenizer, spm_type = "unigram", init, precision = "f32";
+  std::string out, config, tokenizer, spm_type = "unigram", init, precision = "auto";
   int64_t vocab = 0, steps = 0, epochs = 0, warmup = -1, parts = 1;
   double bucket_mb = 4;
   double minutes = 0, lr = 0, dropout = -1, label_smoothing = -1;  // < 0 (0 for lr): the default
