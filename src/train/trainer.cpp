@@ -74,8 +74,8 @@ StepReport Trainer::step(const std::vector<Batch>& micro) {
   r.step = step_ + 1;
   // --precision bf16: the forward and backward passes' matrix products in bfloat16
   std::optional<Bf16Matmul> bf16;
-  // and each weight rounded once for the step's forward and backward passes (freed before the
-  // optimiser writes the weights)
+  // and each weight rounded once for the step's forward and backward passes (closed before the
+  // optimiser writes the weights; the copies' memory is kept in bf16_buffers_ for the next step)
   std::optional<Bf16Weights> bf16_weights;
   if (config_.precision == Precision::BF16) {
     bf16.emplace();
