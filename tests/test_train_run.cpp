@@ -14,7 +14,9 @@
 
 #include "error_testing.h"
 #include "file_testing.h"
+#include "qkv/gemm.h"
 #include "qkv/parallel.h"
+#include "qkv/train.h"
 
 namespace qkv {
 namespace {
@@ -64,6 +66,9 @@ TEST(TrainModel, ReportsEveryStepThroughItsHooksAndWritesTheDirectory) {
   for (const char* f : {"config.json", "model.safetensors", "checkpoint.safetensors", "train.json", "task.json",
                         "metrics.jsonl"})
     EXPECT_TRUE(std::filesystem::exists(dir / (std::string("run/") + f))) << f;
+  // the default precision is auto: bf16 where the CPU has bf16 dot products, else float32
+  EXPECT_EQ(checkpoint_precision(dir / "run/checkpoint.safetensors"),
+            bf16_gemm_native() ? Precision::BF16 : Precision::F32);
 }
 
 TEST(TrainModel, AStopAfterAStepSavesACheckpointThatResumesExactly) {

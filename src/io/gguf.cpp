@@ -405,7 +405,7 @@ void GgufFile::read_rows_f32(const Tensor& t, int64_t first, int64_t n, float* d
       const uint8_t* row = raw.data() + static_cast<size_t>(r) * rb;
       float* out = dst + (r0 + r) * K;
       switch (t.type) {
-        case GgmlType::F32: std::memcpy(out, row, static_cast<size_t>(K) * 4); break;
+        case GgmlType::F32: break;  // read in place above
         case GgmlType::F16: kernels::dequantize_row(WType::F16, row, K, out); break;
         case GgmlType::BF16: kernels::dequantize_row(WType::BF16, row, K, out); break;
         case GgmlType::Q8_0: kernels::dequantize_row(WType::Q8_0, row, K, out); break;
