@@ -38,30 +38,44 @@ inline NormalParts normal_parts(double v) {
   return {0.5 * (1.0 + std::erf(v * kInvSqrt2)), kInvSqrt2Pi * std::exp(-0.5 * v * v)};
 }
 
-// GELU-tanh runs on explicit vectors of 4 doubles (GCC vector extensions; SSE2 pairs in the
-// default build, AVX2 with FMA in the x86-64-v3 clone, picked by CPU features at load time): libm's scalar tanh
-// and expm1 took a tenth of a GPT-2 training step, and GCC 12 does not auto-vectorise these
-// loops.
-// The 32-byte vectors pass between inline helpers of this file only, so the ABI note GCC gives
-// for them in the non-AVX build does not apply (CMakeLists.txt: -Wno-psabi for this file).
-typedef double vd4 __attribute__((vector_size(4 * sizeof(double))));
-typedef int64_t vl4 __attribute__((vector_size(4 * sizeof(int64_t))));
+// GELU-tanh and SiLU run on explicit vectors of kLanes doubles (GCC vector extensions: one
+// AVX-512 register in the x86-64-v4 clone, two AVX2 ones with FMA in the x86-64-v3 clone, SSE2
+// pairs in the default one, picked by CPU features at load time): libm's scalar tanh and expm1
+// took a tenth of a GPT-2 training step, and GCC 12 does not auto-vectorise these loops. Every
+// operation is lane by lane and this file is compiled without contraction (-std=c++20 implies
+// -ffp-contract=off), so the lane count and the clone change the speed, never a bit.
+// The vectors pass between inline helpers of this file only, so the ABI note GCC gives for them
+// in the clones without wide registers does not apply (CMakeLists.txt: -Wno-psabi for this file).
+// Clang refuses such vectors as arguments of functions compiled without the matching ISA; its
+// only use here is the fuzz build, which compiles this file with -mavx and never runs these
+// kernels, so there the vectors stay at 4 lanes.
+#if defined(__clang__)
+constexpr int kLanes = 4;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef double vd __attribute__((vector_size(kLanes * sizeof(double))));
+typedef int64_t vl __attribute__((vector_size(kLanes * sizeof(int64_t))));
 
-inline vd4 splat(double x) { return vd4{x, x, x, x}; }
+[[gnu::always_inline]] inline vd splat(double x) {
+  vd v;
+  for (int j = 0; j < kLanes; ++j) v[j] = x;
+  return v;
+}
 
 // exp(x), lanewise: x = n ln2 + r with |r| <= ln2/2 (n rounded through the 1.5 * 2^52 trick),
 // exp(r) by its Taylor series to r^11 (truncation error below 1e-13 relative), then 2^n through
 // the exponent bits. Arguments are clamped to [-700, 700] first (NaN stays NaN: the compare is
 // false); the callers only need exp to be huge or tiny beyond that.
-inline vd4 exp_clamped(vd4 x) {
+[[gnu::always_inline]] inline vd exp_clamped(vd x) {
   constexpr double kLog2e = 1.4426950408889634074, kLn2Hi = 0.693147180369123816490,
                    kLn2Lo = 1.90821492927058770002e-10, kShift = 6755399441055744.0;  // 1.5 * 2^52
   x = x < splat(-700.0) ? splat(-700.0) : x;
   x = x > splat(700.0) ? splat(700.0) : x;
-  const vd4 t = x * kLog2e + kShift;
-  const vd4 n = t - kShift;
-  const vd4 r = (x - n * kLn2Hi) - n * kLn2Lo;
-  vd4 p = splat(1.0 / 39916800.0);
+  const vd t = x * kLog2e + kShift;
+  const vd n = t - kShift;
+  const vd r = (x - n * kLn2Hi) - n * kLn2Lo;
+  vd p = splat(1.0 / 39916800.0);
   p = p * r + 1.0 / 3628800.0;
   p = p * r + 1.0 / 362880.0;
   p = p * r + 1.0 / 40320.0;
@@ -74,25 +88,25 @@ inline vd4 exp_clamped(vd4 x) {
   p = p * r + 1.0;
   p = p * r + 1.0;
   // 2^n: n sits in the low 32 bits of t's mantissa, offset by 2^31.
-  const vl4 ni = (std::bit_cast<vl4>(t) & 0xFFFFFFFFll) - 0x80000000ll;
-  return p * std::bit_cast<vd4>((ni + 1023) << 52);
+  const vl ni = (std::bit_cast<vl>(t) & 0xFFFFFFFFll) - 0x80000000ll;
+  return p * std::bit_cast<vd>((ni + 1023) << 52);
 }
 
-// Loads up to 4 floats as doubles (missing lanes 0) and stores lanes back; whole vectors in one
+// Loads up to kLanes floats as doubles (missing lanes 0) and stores lanes back; whole vectors in one
 // conversion.
-typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
-inline vd4 load4(const float* p, int64_t k) {
-  vf4 f = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (k == 4) {
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float))));
+[[gnu::always_inline]] inline vd loadv(const float* p, int64_t k) {
+  vf f = {};
+  if (k == kLanes) {
     std::memcpy(&f, p, sizeof f);
   } else {
     for (int64_t j = 0; j < k; ++j) f[j] = p[j];
   }
-  return __builtin_convertvector(f, vd4);
+  return __builtin_convertvector(f, vd);
 }
-inline void store4(float* p, vd4 v, int64_t k) {
-  const vf4 f = __builtin_convertvector(v, vf4);
-  if (k == 4) {
+[[gnu::always_inline]] inline void storev(float* p, vd v, int64_t k) {
+  const vf f = __builtin_convertvector(v, vf);
+  if (k == kLanes) {
     std::memcpy(p, &f, sizeof f);
   } else {
     for (int64_t j = 0; j < k; ++j) p[j] = f[j];
@@ -103,131 +117,131 @@ inline void store4(float* p, vd4 v, int64_t k) {
 // 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation near tanh = -1. Computed in double and rounded
 // once. u comes from x clamped to [-1e4, 1e4], where sigmoid(2u) is already exactly 0 or 1 in
 // double, so every intermediate stays finite; a NaN x gives NaN.
-inline vd4 clamp_x(vd4 v) {
+[[gnu::always_inline]] inline vd clamp_x(vd v) {
   v = v < splat(-1e4) ? splat(-1e4) : v;
   return v > splat(1e4) ? splat(1e4) : v;
 }
 
 // s = sigmoid(2u) and e = exp(-2u) for x clamped as above (vc).
 struct GeluTanhParts {
-  vd4 s, e;
+  vd s, e;
 };
-inline GeluTanhParts gelu_tanh_parts(vd4 vc) {
-  const vd4 u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
-  const vd4 e = exp_clamped(-2.0 * u);
+[[gnu::always_inline]] inline GeluTanhParts gelu_tanh_parts(vd vc) {
+  const vd u = kSqrt2OverPi * (vc + kGeluCubic * vc * vc * vc);
+  const vd e = exp_clamped(-2.0 * u);
   return {1.0 / (1.0 + e), e};
 }
 
 // d/dx [x sigmoid(2u)] = s + 2 x s (1 - s) u',  u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2), with
 // 1 - s = s e, e = exp(-2u) (no cancellation). Where s saturates, s (1 - s) is ~1e-304 and the
 // second term vanishes in the rounding to float.
-inline vd4 gelu_tanh_grad(vd4 vc, GeluTanhParts p) {
-  const vd4 du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * vc * vc);
+[[gnu::always_inline]] inline vd gelu_tanh_grad(vd vc, GeluTanhParts p) {
+  const vd du = kSqrt2OverPi * (1.0 + 3.0 * kGeluCubic * vc * vc);
   return p.s + 2.0 * vc * (p.s * p.s * p.e) * du;
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void gelu_tanh_forward_block(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
-    store4(y + i, v * gelu_tanh_parts(clamp_x(v)).s, k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(x + i, k);
+    storev(y + i, v * gelu_tanh_parts(clamp_x(v)).s, k);
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void gelu_tanh_backward_block(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 vc = clamp_x(load4(x + i, k));
-    store4(dx + i, load4(dy + i, k) * gelu_tanh_grad(vc, gelu_tanh_parts(vc)), k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd vc = clamp_x(loadv(x + i, k));
+    storev(dx + i, loadv(dy + i, k) * gelu_tanh_grad(vc, gelu_tanh_parts(vc)), k);
   }
 }
 
 // y and f'(x) in one pass, sharing the exponential: for training, so that the backward pass is
 // a plain product dx = dy f'(x) (the exponential was most of the backward's time).
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void gelu_tanh_forward_grad_block(const float* x, float* y, float* dydx, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
-    const vd4 vc = clamp_x(v);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(x + i, k);
+    const vd vc = clamp_x(v);
     const GeluTanhParts p = gelu_tanh_parts(vc);
-    store4(y + i, v * p.s, k);
-    store4(dydx + i, gelu_tanh_grad(vc, p), k);
+    storev(y + i, v * p.s, k);
+    storev(dydx + i, gelu_tanh_grad(vc, p), k);
   }
 }
 
-// SiLU on vectors of 4 doubles, the same arithmetic as act_value / act_grad below (which libm's
+// SiLU on vectors of kLanes doubles, the same arithmetic as act_value / act_grad below (which libm's
 // exp made 14% of a gated decoder's prompt and the largest serial part of its decoding step):
 // e = exp(-|v|), exactly 0 below -700 as libm's exp rounds there, sigmoid(v) = 1 / (1 + e) for
 // v >= 0 and e / (1 + e) otherwise; sigmoid(-v) the other of the two. A NaN stays NaN; silu(-inf)
 // is -inf * 0 = NaN, as x * sigmoid(x) gives in PyTorch.
 struct SiluParts {
-  vd4 s, sm;  // sigmoid(v), sigmoid(-v)
+  vd s, sm;  // sigmoid(v), sigmoid(-v)
 };
-inline SiluParts silu_parts(vd4 v) {
-  const vd4 a = v < splat(0.0) ? -v : v;  // |v| (a NaN stays NaN)
-  const vd4 na = -a;
-  const vd4 e = na < splat(-700.0) ? splat(0.0) : exp_clamped(na);
-  const vd4 pos = 1.0 / (1.0 + e), neg = e / (1.0 + e);
+[[gnu::always_inline]] inline SiluParts silu_parts(vd v) {
+  const vd a = v < splat(0.0) ? -v : v;  // |v| (a NaN stays NaN)
+  const vd na = -a;
+  const vd e = na < splat(-700.0) ? splat(0.0) : exp_clamped(na);
+  const vd pos = 1.0 / (1.0 + e), neg = e / (1.0 + e);
   return {v >= splat(0.0) ? pos : neg, v <= splat(0.0) ? pos : neg};
 }
 // silu'(v) = s (1 + v sigmoid(-v))
-inline vd4 silu_grad(vd4 v, SiluParts p) { return p.s * (1.0 + v * p.sm); }
+[[gnu::always_inline]] inline vd silu_grad(vd v, SiluParts p) { return p.s * (1.0 + v * p.sm); }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void silu_forward_block(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
-    store4(y + i, v * silu_parts(v).s, k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(x + i, k);
+    storev(y + i, v * silu_parts(v).s, k);
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void silu_backward_block(const float* x, const float* dy, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
-    store4(dx + i, load4(dy + i, k) * silu_grad(v, silu_parts(v)), k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(x + i, k);
+    storev(dx + i, loadv(dy + i, k) * silu_grad(v, silu_parts(v)), k);
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void silu_forward_grad_block(const float* x, float* y, float* dydx, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(x + i, k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(x + i, k);
     const SiluParts p = silu_parts(v);
-    store4(y + i, v * p.s, k);
-    store4(dydx + i, silu_grad(v, p), k);
+    storev(y + i, v * p.s, k);
+    storev(dydx + i, silu_grad(v, p), k);
   }
 }
 
 // y = silu(a) b
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void silu_gated_forward_block(const float* a, const float* b, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(a + i, k);
-    store4(y + i, v * silu_parts(v).s * load4(b + i, k), k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(a + i, k);
+    storev(y + i, v * silu_parts(v).s * loadv(b + i, k), k);
   }
 }
 
 // da = dy b silu'(a), db = dy silu(a)
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void silu_gated_backward_block(const float* a, const float* b, const float* dy, float* da, float* db, int64_t n) {
-  for (int64_t i = 0; i < n; i += 4) {
-    const int64_t k = std::min<int64_t>(4, n - i);
-    const vd4 v = load4(a + i, k), g = load4(dy + i, k);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t k = std::min<int64_t>(kLanes, n - i);
+    const vd v = loadv(a + i, k), g = loadv(dy + i, k);
     const SiluParts p = silu_parts(v);
-    store4(da + i, g * load4(b + i, k) * silu_grad(v, p), k);
-    store4(db + i, g * (v * p.s), k);
+    storev(da + i, g * loadv(b + i, k) * silu_grad(v, p), k);
+    storev(db + i, g * (v * p.s), k);
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void multiply_block(const float* __restrict a, const float* __restrict b, float* __restrict c, int64_t n) {
   for (int64_t i = 0; i < n; ++i) c[i] = a[i] * b[i];
 }
@@ -278,12 +292,12 @@ double act_grad(Activation f, double v) {
 // a NaN fails both comparisons and so stays NaN, as in PyTorch (torch.relu(nan) = nan), instead of
 // becoming 0 and hiding NaN weights behind a finite loss. The gradient likewise passes dy where
 // x is NaN (PyTorch's threshold_backward: x <= 0 ? 0 : dy).
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void relu_forward_block(const float* __restrict x, float* __restrict y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.0f ? 0.0f : x[i];
 }
 
-__attribute__((target_clones("arch=x86-64-v3", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void relu_backward_block(const float* __restrict x, const float* __restrict dy, float* __restrict dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = x[i] <= 0.0f ? 0.0f : dy[i];
 }
