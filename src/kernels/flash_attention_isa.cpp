@@ -100,6 +100,18 @@ struct Tiles {
   uint16_t* a = nullptr;  // A staged: M rows of 2 * ceil(K / 2) bf16
   uint32_t* b = nullptr;  // B staged: ceil(K / 2) rows of N pairs
 };
+// Operands staged before the call, in the layouts above but with their own row strides: a
+// (a_ld bf16 per row) for A, b (b_ld pairs per row) for B; null: the call stages it. The callers
+// stage an operand once for all the tiles that read it (a head's K, V, dO, scaled Q; a query
+// block's scaled Q) and pass a view whose pairs hold exactly the bits the call's own staging would
+// (the same values, pairs starting at the same index, the same zero past K), so the products do not
+// change by a bit.
+struct Staged {
+  const uint16_t* a = nullptr;
+  int64_t a_ld = 0;
+  const uint32_t* b = nullptr;
+  int64_t b_ld = 0;
+};
 
 #if defined(__AVX512F__) && QKV_VEC_WIDTH == 16
 #define QKV_FLASH_BF16 1
@@ -196,15 +208,27 @@ constexpr auto make_table_bf16(std::index_sequence<I...>) {
 constexpr auto kUkernelsBf16 = make_table_bf16(std::make_index_sequence<MR>{});
 
 void gemm_bf16(const Tiles& t, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-               int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+               int64_t ldb, float* C, int64_t ldc, bool accumulate, const Staged& pre) {
   const int64_t Kp = (K + 1) / 2;
-  stage_rows_bf16(A, lda, M, K, Kp, t.a);
-  stage_pairs_bf16(B, ldb, K, N, t.b);
+  const uint16_t* a = pre.a;
+  int64_t a_ld = pre.a_ld;
+  if (a == nullptr) {
+    stage_rows_bf16(A, lda, M, K, Kp, t.a);
+    a = t.a;
+    a_ld = 2 * Kp;
+  }
+  const uint32_t* b = pre.b;
+  int64_t b_ld = pre.b_ld;
+  if (b == nullptr) {
+    stage_pairs_bf16(B, ldb, K, N, t.b);
+    b = t.b;
+    b_ld = N;
+  }
   for (int64_t j = 0; j < N; j += NR) {
     const int nv = N - j >= NR ? NV : static_cast<int>((N - j) / W);
     for (int64_t i = 0; i < M; i += MR) {
       const int m = static_cast<int>(std::min<int64_t>(MR, M - i));
-      kUkernelsBf16.fn[accumulate][m - 1][nv - 1](Kp, t.a + i * 2 * Kp, 2 * Kp, t.b + j, N, C + i * ldc + j, ldc);
+      kUkernelsBf16.fn[accumulate][m - 1][nv - 1](Kp, a + i * a_ld, a_ld, b + j, b_ld, C + i * ldc + j, ldc);
     }
   }
 }
@@ -214,10 +238,11 @@ void gemm_bf16(const Tiles& t, int64_t M, int64_t N, int64_t K, const float* A, 
 // A tile product in float32, or in bfloat16 where the call asked for it (flash_forward refuses
 // that request on an ISA without the bf16 kernel, so it never reaches here without one).
 inline void tile_gemm(const Tiles& t, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
-                      int64_t ldb, float* C, int64_t ldc, bool accumulate) {
+                      int64_t ldb, float* C, int64_t ldc, bool accumulate, const Staged& pre = {}) {
 #if defined(QKV_FLASH_BF16)
-  if (t.bf16) return gemm_bf16(t, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
+  if (t.bf16) return gemm_bf16(t, M, N, K, A, lda, B, ldb, C, ldc, accumulate, pre);
 #endif
+  (void)pre;
   gemm(M, N, K, A, lda, B, ldb, C, ldc, accumulate);
 }
 
@@ -248,6 +273,16 @@ struct Layout {
   bool backward = false;
   size_t t_dk = 0, t_dv = 0, t_dqt = 0;
   size_t t_bf_a = 0, t_bf_b = 0;  // bf16 staging (Tiles): up to R rows or pairs of R
+  // bf16: operands staged once (Staged), byte offsets. Rows layouts hold 2 * ceil(K / 2) bf16 per
+  // row, pairs layouts ceil(K / 2) rows of pairs. Forward: K^T's pairs along Dk (kt_bf; Dk_pad / 2
+  // rows of Tk_pad), V's pairs along keys (v_bf; ceil(Tk / 2) rows of Dv_pad), and per thread a
+  // query block's scaled Q (t_bf_q). Backward: K's and V's rows (krows_bf, vrows_bf), K^T's rows
+  // (ktrows_bf; Dk rows of Tk_pad), scaled Q^T's and dO^T's pairs along D (qst_bf, dot_bf), scaled
+  // Q's and dO's pairs along queries (qsrows_bf, dorows_bf).
+  size_t kt_bf = 0, v_bf = 0, krows_bf = 0, vrows_bf = 0, ktrows_bf = 0, qst_bf = 0, dot_bf = 0, dorows_bf = 0,
+         qsrows_bf = 0;
+  size_t t_bf_q = 0;
+  int64_t Kp_k = 0, Kp_v = 0, Tq_pairs = 0, Tk_pairs = 0;
 
   Layout(const AttnShape& s, int threads, bool for_backward, bool bf16) : backward(for_backward) {
     Dk_pad = round_up(std::max<int64_t>(s.Dk, 1), W);
@@ -281,6 +316,23 @@ struct Layout {
       lse_eff = take(BH * Tq_pad);
       qrange = take(s.B * nqb * 2 * (sizeof(int64_t) / sizeof(float)));
     }
+    Kp_k = (s.Dk + 1) / 2;
+    Kp_v = (s.Dv + 1) / 2;
+    Tq_pairs = (s.Tq + 1) / 2;
+    Tk_pairs = (s.Tk + 1) / 2;
+    if (bf16 && !backward) {  // sizes in floats: a pair is one float's size, two bf16 are one
+      kt_bf = take(BHkv * (Dk_pad / 2) * Tk_pad);
+      v_bf = take(BHkv * Tk_pairs * Dv_pad);
+    }
+    if (bf16 && backward) {
+      krows_bf = take(BHkv * s.Tk * Kp_k);
+      vrows_bf = take(BHkv * s.Tk * Kp_v);
+      if (one_pass) ktrows_bf = take(BHkv * s.Dk * (Tk_pad / 2));
+      qst_bf = take(BH * Kp_k * Tq_pad);
+      dot_bf = take(BH * Kp_v * Tq_pad);
+      qsrows_bf = take(BH * Tq_pairs * Dk_pad);
+      dorows_bf = take(BH * Tq_pairs * Dv_pad);
+    }
     thread_base = at;
     size_t t = 0;
     auto take_t = [&](size_t floats) {
@@ -295,6 +347,7 @@ struct Layout {
       t_l = take_t(Bq);
       t_q = take_t(Bq * Dk_pad);
       t_row = take_t(std::max<int64_t>(s.Tk, 1));
+      if (bf16) t_bf_q = take_t(Bq * Kp_k);
     } else {
       // pass 1 uses (Bk x Bq) tiles and (Bk x D) accumulators; pass 2 (Bq x Bk) and (Bq x Dk).
       t_s = take_t(Bq * Bk);
@@ -472,6 +525,16 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
     if (L.pack_v_rows)
       pack_rows(v, in.vs.t, s.Tk, kl, s.Dv, 1.0f, at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad, L.Dv_pad,
                 /*finite_only=*/!L.track_vbad);
+#if defined(QKV_FLASH_BF16)
+    if (in.bf16 && !L.backward) {
+      // K^T's pairs along Dk and V's pairs along keys, staged once for every query block
+      stage_pairs_bf16(at<float>(ws, L.k_t) + bk * L.Dk_pad * L.Tk_pad, L.Tk_pad, s.Dk, L.Tk_pad,
+                       at<uint32_t>(ws, L.kt_bf) + bk * (L.Dk_pad / 2) * L.Tk_pad);
+      const float* vr = L.pack_v_rows ? at<float>(ws, L.v_rows) + bk * s.Tk * L.Dv_pad : v;
+      stage_pairs_bf16(vr, L.pack_v_rows ? L.Dv_pad : in.vs.t, kl, L.Dv_pad,
+                       at<uint32_t>(ws, L.v_bf) + bk * L.Tk_pairs * L.Dv_pad);
+    }
+#endif
     if (L.track_vbad) {
       // vbad[j] <- number of keys before j whose V row holds NaN or inf (forward re-does, the
       // plain way, any block whose keys include one, so that 0 * NaN from a blocked key never
@@ -480,8 +543,21 @@ void pack_forward(const AttnInputs<float>& in, const Layout& L, void* ws) {
       cnt[0] = 0;
       for (int64_t j = 0; j < s.Tk; ++j) {
         bool bad = false;
-        if (j < kl)
-          for (int64_t d = 0; d < s.Dv; ++d) bad |= !std::isfinite(v[j * in.vs.t + d]);
+        if (j < kl) {
+          // x - x is +0 for a finite x and NaN otherwise: the row's sum of them is 0 exactly
+          // when every value is finite (W lanes at a time; a scalar isfinite loop was a tenth
+          // of a bf16 forward pass)
+          const float* row = v + j * in.vs.t;
+          vf z = vf{};
+          int64_t d = 0;
+          for (; d + W <= s.Dv; d += W) {
+            const vf x = simd::load(row + d);
+            z += x - x;
+          }
+          float zs = simd::hsum(z);
+          for (; d < s.Dv; ++d) zs += row[d] - row[d];
+          bad = zs != 0.0f;
+        }
         cnt[j + 1] = cnt[j] + (bad ? 1 : 0);
       }
     }
@@ -559,11 +635,26 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
   std::fill(l, l + mq, 0.0f);
   std::fill(O, O + mq * L.Dv_pad, 0.0f);
   const Tiles tl = tiles_of(in, L, tws);
+  // bf16: this block's Qs staged once for all its key blocks; K^T and V were staged by pack_forward
+  Staged qk, pv;
+#if defined(QKV_FLASH_BF16)
+  if (in.bf16) {
+    uint16_t* q16 = reinterpret_cast<uint16_t*>(tws + L.t_bf_q);
+    stage_rows_bf16(qs, L.Dk_pad, mq, s.Dk, L.Kp_k, q16);
+    qk.a = q16;
+    qk.a_ld = 2 * L.Kp_k;
+    qk.b_ld = L.Tk_pad;
+    pv.b_ld = L.Dv_pad;
+  }
+#endif
+  const uint32_t* kt_bf = at<uint32_t>(ws, L.kt_bf) + bk * (L.Dk_pad / 2) * L.Tk_pad;
+  const uint32_t* v_bf = at<uint32_t>(ws, L.v_bf) + bk * L.Tk_pairs * L.Dv_pad;
 
   for (int64_t k0 = blo; k0 < bhi; k0 += Bk) {
     const int64_t nk = std::min(Bk, bhi - k0), nc = round_up(nk, W);
     // S <- Qs K^T   (the scale is already in Qs)
-    tile_gemm(tl, mq, nc, s.Dk, qs, L.Dk_pad, kt + k0, L.Tk_pad, S, Bk, false);
+    if (in.bf16) qk.b = kt_bf + k0;
+    tile_gemm(tl, mq, nc, s.Dk, qs, L.Dk_pad, kt + k0, L.Tk_pad, S, Bk, false, qk);
     mask_tile(in, b, h, i0, mq, k0, nk, nc, range, S, Bk);
     for (int64_t r = 0; r < mq; ++r) {
       float* row = S + r * Bk;
@@ -584,8 +675,10 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
         for (int64_t c = 0; c < L.Dv_pad; c += W) simd::store(o + c, simd::load(o + c) * va);
       }
     }
-    // O <- O + P V
-    tile_gemm(tl, mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true);
+    // O <- O + P V   (V's staged pairs start at even keys: a tile at an odd key or with an odd
+    // count, whose pairs or padding differ, stages its own)
+    pv.b = in.bf16 && k0 % 2 == 0 && nk % 2 == 0 ? v_bf + k0 / 2 * L.Dv_pad : nullptr;
+    tile_gemm(tl, mq, L.Dv_pad, nk, S, Bk, vr + k0 * ldv, ldv, O, L.Dv_pad, true, pv);
   }
   // out <- O / l ;  lse <- m + log(l). l = 0 exactly when every score was -inf (no allowed
   // key): zeros and -inf. A NaN score makes l NaN, and NaN propagates.
@@ -609,6 +702,9 @@ void forward_block(const AttnInputs<float>& in, const Layout& L, void* ws, float
 // The packed operands of the backward pass.
 struct BackwardBuffers {
   const float *qs_rows, *qs_t, *k_rows, *k_t, *v_rows, *v_t, *do_rows, *do_t, *drow, *lse_eff;
+  // bf16: the same operands staged once (Layout's *_bf; null in float32)
+  const uint16_t *krows_bf, *vrows_bf, *ktrows_bf;
+  const uint32_t *qst_bf, *dot_bf, *qsrows_bf, *dorows_bf;
 };
 
 // One tile of backward in transposed form: keys k0 .. k0+nk of (b, kv-head bk) against query
@@ -625,8 +721,18 @@ void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const Backwar
   KeyRange range[Bq];
   int64_t lo_, hi_;
   query_ranges(in, b, i0, mq, range, &lo_, &hi_);
+  // bf16: every operand but the tile's own P^T and dS^T comes staged (i0 is even: the pairs along
+  // queries start where the call's own would, and an odd count only ends at Tq, past which the
+  // staged pairs hold the same zero)
+  Staged s1, s2, s3, s4;
+  if (in.bf16) {
+    s1 = {bb.krows_bf + (bk * s.Tk + k0) * 2 * L.Kp_k, 2 * L.Kp_k, bb.qst_bf + bh * L.Kp_k * L.Tq_pad + i0, L.Tq_pad};
+    s2 = {nullptr, 0, bb.dorows_bf + (bh * L.Tq_pairs + i0 / 2) * L.Dv_pad, L.Dv_pad};
+    s3 = {bb.vrows_bf + (bk * s.Tk + k0) * 2 * L.Kp_v, 2 * L.Kp_v, bb.dot_bf + bh * L.Kp_v * L.Tq_pad + i0, L.Tq_pad};
+    s4 = {nullptr, 0, bb.qsrows_bf + (bh * L.Tq_pairs + i0 / 2) * L.Dk_pad, L.Dk_pad};
+  }
   // S^T <- K Qs^T
-  tile_gemm(tl, nk, mqp, s.Dk, kr, L.Dk_pad, bb.qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false);
+  tile_gemm(tl, nk, mqp, s.Dk, kr, L.Dk_pad, bb.qs_t + bh * L.Dk_pad * L.Tq_pad + i0, L.Tq_pad, St, Bq, false, s1);
   mask_tile_t(in, b, h, i0, mq, k0, nk, range, St, Bq);
   // P^T <- exp(S^T - lse)
   const float* le = bb.lse_eff + bh * L.Tq_pad + i0;
@@ -634,16 +740,18 @@ void backward_tile_t(const AttnInputs<float>& in, const Layout& L, const Backwar
     for (int64_t r = 0; r < mqp; r += W)
       simd::store(St + c * Bq + r, simd::exp(simd::load(St + c * Bq + r) - simd::load(le + r)));
   // dV <- dV + P^T dO
-  tile_gemm(tl, nk, L.Dv_pad, mq, St, Bq, bb.do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true);
+  tile_gemm(tl, nk, L.Dv_pad, mq, St, Bq, bb.do_rows + (bh * s.Tq + i0) * L.Dv_pad, L.Dv_pad, dVacc, L.Dv_pad, true,
+            s2);
   // dP^T <- V dO^T
-  tile_gemm(tl, nk, mqp, s.Dv, vr, L.Dv_pad, bb.do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false);
+  tile_gemm(tl, nk, mqp, s.Dv, vr, L.Dv_pad, bb.do_t + bh * L.Dv_pad * L.Tq_pad + i0, L.Tq_pad, dPt, Bq, false, s3);
   // dS^T <- P^T * (dP^T - D)
   const float* Dr = bb.drow + bh * L.Tq_pad + i0;
   for (int64_t c = 0; c < nk; ++c)
     for (int64_t r = 0; r < mqp; r += W)
       simd::store(St + c * Bq + r, simd::load(St + c * Bq + r) * (simd::load(dPt + c * Bq + r) - simd::load(Dr + r)));
   // dK <- dK + dS^T Qs    (Qs carries the scale)
-  tile_gemm(tl, nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true);
+  tile_gemm(tl, nk, L.Dk_pad, mq, St, Bq, bb.qs_rows + (bh * s.Tq + i0) * L.Dk_pad, L.Dk_pad, dKacc, L.Dk_pad, true,
+            s4);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -870,7 +978,16 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
   float* lse_eff = at<float>(ws, L.lse_eff);
   int64_t* qrange = at<int64_t>(ws, L.qrange);
   const float scale = static_cast<float>(in.scale);
-  const BackwardBuffers bb{qs_rows, qs_t, k_rows, k_t, v_rows, v_t, do_rows, do_t, drow, lse_eff};
+  uint16_t* krows_bf = at<uint16_t>(ws, L.krows_bf);
+  uint16_t* vrows_bf = at<uint16_t>(ws, L.vrows_bf);
+  uint16_t* ktrows_bf = at<uint16_t>(ws, L.ktrows_bf);
+  uint32_t* qst_bf = at<uint32_t>(ws, L.qst_bf);
+  uint32_t* dot_bf = at<uint32_t>(ws, L.dot_bf);
+  uint32_t* qsrows_bf = at<uint32_t>(ws, L.qsrows_bf);
+  uint32_t* dorows_bf = at<uint32_t>(ws, L.dorows_bf);
+  const BackwardBuffers bb{qs_rows, qs_t,     k_rows,    k_t,    v_rows,    v_t,      do_rows,  do_t,
+                           drow,    lse_eff,  krows_bf,  vrows_bf, ktrows_bf, qst_bf, dot_bf, qsrows_bf,
+                           dorows_bf};
 
 #pragma omp parallel num_threads(threads)
   {
@@ -894,6 +1011,16 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
         const float x = i < s.Tq ? lse[bh * s.Tq + i] : kNegInf;
         lse_eff[bh * L.Tq_pad + i] = x == kNegInf ? kPosInf : x;
       }
+#if defined(QKV_FLASH_BF16)
+      if (in.bf16) {  // (qs_rows was packed before pack_forward's barrier)
+        stage_pairs_bf16(qs_t + bh * L.Dk_pad * L.Tq_pad, L.Tq_pad, s.Dk, L.Tq_pad, qst_bf + bh * L.Kp_k * L.Tq_pad);
+        stage_pairs_bf16(do_t + bh * L.Dv_pad * L.Tq_pad, L.Tq_pad, s.Dv, L.Tq_pad, dot_bf + bh * L.Kp_v * L.Tq_pad);
+        stage_pairs_bf16(qs_rows + bh * s.Tq * L.Dk_pad, L.Dk_pad, s.Tq, L.Dk_pad,
+                         qsrows_bf + bh * L.Tq_pairs * L.Dk_pad);
+        stage_pairs_bf16(do_rows + bh * s.Tq * L.Dv_pad, L.Dv_pad, s.Tq, L.Dv_pad,
+                         dorows_bf + bh * L.Tq_pairs * L.Dv_pad);
+      }
+#endif
     }
 #pragma omp for schedule(static) nowait
     for (int64_t bk = 0; bk < BHkv; ++bk) {
@@ -904,6 +1031,17 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
       if (!L.one_pass)
         pack_transposed(in.v + b * in.vs.b + hk * in.vs.h, in.vs.t, kl, s.Dv, L.Dv_pad, 1.0f,
                         v_t + bk * L.Dv_pad * L.Tk_pad, L.Tk_pad, /*finite_only=*/true);
+#if defined(QKV_FLASH_BF16)
+      if (in.bf16) {  // (v_rows and k_t were packed before pack_forward's barrier)
+        stage_rows_bf16(k_rows + bk * s.Tk * L.Dk_pad, L.Dk_pad, s.Tk, s.Dk, L.Kp_k, krows_bf + bk * s.Tk * 2 * L.Kp_k);
+        stage_rows_bf16(v_rows + bk * s.Tk * L.Dv_pad, L.Dv_pad, s.Tk, s.Dv, L.Kp_v, vrows_bf + bk * s.Tk * 2 * L.Kp_v);
+        // K^T's rows for dQ^T <- K^T dS^T: tiles start at even keys (multiples of Bk) and an odd
+        // count ends at Tk, where K^T's padding holds the zero the call's own staging would add
+        if (L.one_pass)
+          stage_rows_bf16(k_t + bk * L.Dk_pad * L.Tk_pad, L.Tk_pad, s.Dk, L.Tk_pad, L.Tk_pad / 2,
+                          ktrows_bf + bk * s.Dk * L.Tk_pad);
+      }
+#endif
     }
 #pragma omp for schedule(static)
     for (int64_t bq = 0; bq < s.B * L.nqb; ++bq) {
@@ -939,7 +1077,9 @@ void flash_backward(const AttnInputs<float>& in, const float* out, const float* 
               const int64_t nk = std::min(Bk, s.Tk - k0);
               backward_tile_t(in, L, bb, tl, b, h, bk, k0, nk, qb, St, dPt, dKall + k0 * L.Dk_pad, dVall + k0 * L.Dv_pad);
               // dQ^T <- dQ^T + K^T dS^T
-              tile_gemm(tl, s.Dk, mqp, nk, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, St, Bq, dQt, Bq, true);
+              Staged s5;
+              if (in.bf16) s5 = {ktrows_bf + bk * s.Dk * L.Tk_pad + k0, L.Tk_pad, nullptr, 0};
+              tile_gemm(tl, s.Dk, mqp, nk, k_t + bk * L.Dk_pad * L.Tk_pad + k0, L.Tk_pad, St, Bq, dQt, Bq, true, s5);
             }
             // dq <- scale * dQ
             for (int64_t r = 0; r < mq; ++r)
