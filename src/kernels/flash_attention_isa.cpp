@@ -416,13 +416,27 @@ void pack_transposed(const float* src, int64_t src_ld, int64_t valid_rows, int64
   // zero only what the transpose below does not write: padding columns and padding rows
   for (int64_t c = 0; c < cols; ++c) std::fill(dst + c * ld + valid_rows, dst + (c + 1) * ld, 0.0f);
   std::fill(dst + cols * ld, dst + cols_pad * ld, 0.0f);
-  // W source rows at a time: gather column c of those rows into one vector, store it as a
-  // contiguous run of row c of dst (W read streams, whole-vector writes).
+  // W source rows at a time: W x W blocks loaded as W row vectors and transposed in registers,
+  // each result a contiguous run of a row of dst; the columns past the last whole block gathered
+  // one column of the W rows at a time (whole-vector writes either way).
   const vf vscale = simd::set1(scale);
   int64_t r0 = 0;
   for (; r0 + W <= valid_rows; r0 += W) {
     const float* sp = src + r0 * src_ld;
-    for (int64_t c = 0; c < cols; ++c) {
+    int64_t c0 = 0;
+    for (; c0 + W <= cols; c0 += W) {
+      vf x[W];
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) x[i] = simd::load(sp + i * src_ld + c0);
+      simd::transpose(x);
+#pragma GCC unroll 16
+      for (int i = 0; i < W; ++i) {
+        vf y = x[i] * vscale;
+        if (finite_only) y = y - y == vf{} ? y : vf{};
+        simd::store(dst + (c0 + i) * ld + r0, y);
+      }
+    }
+    for (int64_t c = c0; c < cols; ++c) {
       vf x;
       for (int i = 0; i < W; ++i) x[i] = sp[i * src_ld + c];
       x = x * vscale;

@@ -33,6 +33,35 @@ inline vf load(const float* p) {
   return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+
+// zip_lo(a, b) = a0 b0 a1 b1 ... (the low halves interleaved), zip_hi the high halves.
+template <size_t... I>
+inline vf zip_lo_impl(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I % 2) ? W + static_cast<int>(I / 2) : static_cast<int>(I / 2))...);
+}
+template <size_t... I>
+inline vf zip_hi_impl(vf a, vf b, std::index_sequence<I...>) {
+  return __builtin_shufflevector(a, b, ((I % 2) ? W + W / 2 + static_cast<int>(I / 2) : W / 2 + static_cast<int>(I / 2))...);
+}
+inline vf zip_lo(vf a, vf b) { return zip_lo_impl(a, b, std::make_index_sequence<W>{}); }
+inline vf zip_hi(vf a, vf b) { return zip_hi_impl(a, b, std::make_index_sequence<W>{}); }
+
+// r[0..W) <- its transpose (r[i][j] <-> r[j][i]) by log2(W) rounds of the perfect shuffle: row
+// 2j <- zip_lo(row j, row j + W/2), row 2j + 1 <- zip_hi(the same two). Each round moves element
+// (i, j) by rotating the 2 log2(W) bits of (i, j) one place; log2(W) rounds swap i and j. Pure data
+// movement: every value keeps its bits.
+inline void transpose(vf* r) {
+  for (int round = 1; round < W; round *= 2) {
+    vf t[W];
+#pragma GCC unroll 16
+    for (int j = 0; j < W / 2; ++j) {
+      t[2 * j] = zip_lo(r[j], r[j + W / 2]);
+      t[2 * j + 1] = zip_hi(r[j], r[j + W / 2]);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < W; ++j) r[j] = t[j];
+  }
+}
 template <size_t... I>
 inline vf set1_impl(float x, std::index_sequence<I...>) {
   return vf{((void)I, x)...};
