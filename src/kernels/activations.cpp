@@ -42,8 +42,11 @@ inline NormalParts normal_parts(double v) {
 // AVX-512 register in the x86-64-v4 clone, two AVX2 ones with FMA in the x86-64-v3 clone, SSE2
 // pairs in the default one, picked by CPU features at load time): libm's scalar tanh and expm1
 // took a tenth of a GPT-2 training step, and GCC 12 does not auto-vectorise these loops. Every
-// operation is lane by lane and this file is compiled without contraction (-std=c++20 implies
-// -ffp-contract=off), so the lane count and the clone change the speed, never a bit.
+// operation is lane by lane, so the lane count never changes a bit; GCC fuses the same
+// multiply-adds in the two clones that have FMA, which give the same bits as each other (checked
+// with the clone attributes removed and the file built for each -march), while the default
+// clone, without FMA, rounds those products separately (within an ulp of the double result
+// before the final rounding to float).
 // The vectors pass between inline helpers of this file only, so the ABI note GCC gives for them
 // in the clones without wide registers does not apply (CMakeLists.txt: -Wno-psabi for this file).
 // Clang refuses such vectors as arguments of functions compiled without the matching ISA; its
