@@ -49,6 +49,9 @@ inline NormalParts normal_parts(double v) {
 // before the final rounding to float).
 // The vectors pass between inline helpers of this file only, so the ABI note GCC gives for them
 // in the clones without wide registers does not apply (CMakeLists.txt: -Wno-psabi for this file).
+// The helpers below are always inlined: a clone that called one out of line would pass it the
+// vectors under another convention than the helper reads them with (the x86-64-v4 clone did,
+// and the Activations tests failed).
 // Clang refuses such vectors as arguments of functions compiled without the matching ISA; its
 // only use here is the fuzz build, which compiles this file with -mavx and never runs these
 // kernels, so there the vectors stay at 4 lanes.
