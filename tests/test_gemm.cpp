@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <optional>
 #include <vector>
 
+#include "kernels/column_sums.h"
 #include "kernels/gemm_internal.h"
 #include "kernels/quant.h"
 #include "qkv/qkv.h"
@@ -220,6 +222,53 @@ TEST(Gemm, Bf16UnchangedOperandIsRoundedOnceAndNeverStale) {
   EXPECT_NE(dX2, dX0);
   EXPECT_EQ(dX2, dX3);
   EXPECT_EQ(dW2, dW3);
+}
+
+// kernels::column_sums: each column's sum is the double sum of its rows in row order, rounded
+// once to float, whatever the number of threads and the split into bands (widths below, at and
+// above a band and several bands per thread); the rounded copy holds f32_to_bf16 of each value
+// (NaN, infinities and denormals included) and nothing past the C columns of a row is written.
+TEST(ColumnSums, RowOrderDoubleSumsAndBf16RoundingForAnyThreads) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n;
+  for (const int64_t C : {1, 15, 16, 17, 150, 2049, 5000})
+    for (const int64_t N : {0, 1, 37}) {
+      const int64_t ld = C + 3, out_ld = C + 5;
+      std::vector<float> x(static_cast<size_t>(std::max<int64_t>(N, 1) * ld));
+      for (float& v : x) v = n(rng) * 1e3f;
+      if (N > 0) {
+        x[0] = std::numeric_limits<float>::infinity();
+        x[static_cast<size_t>(C / 2)] = 1e-40f;  // denormal
+        if (C > 2) x[static_cast<size_t>((N - 1) * ld + 2)] = std::numeric_limits<float>::quiet_NaN();
+      }
+      std::vector<float> want(static_cast<size_t>(C));
+      for (int64_t j = 0; j < C; ++j) {
+        double acc = 0;
+        for (int64_t i = 0; i < N; ++i) acc += x[static_cast<size_t>(i * ld + j)];
+        want[static_cast<size_t>(j)] = static_cast<float>(acc);
+      }
+      for (const int threads : {1, 2, 3})
+        for (const bool add : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "C " << C << " N " << N << " threads " << threads << " add " << add);
+          std::vector<float> sums(static_cast<size_t>(C), 0.25f);
+          std::vector<uint16_t> out(static_cast<size_t>(std::max<int64_t>(N, 1) * out_ld), 0xabcd);
+          kernels::column_sums(x.data(), N, C, ld, sums.data(), add, out.data(), out_ld, threads);
+          std::vector<float> plain(static_cast<size_t>(C), 0.25f);
+          kernels::column_sums(x.data(), N, C, ld, plain.data(), add, nullptr, 0, threads);
+          for (int64_t j = 0; j < C; ++j) {
+            const float w = add ? 0.25f + want[static_cast<size_t>(j)] : want[static_cast<size_t>(j)];
+            const float got = sums[static_cast<size_t>(j)];
+            ASSERT_TRUE(std::isnan(w) ? std::isnan(got) : got == w) << "column " << j << ": " << got << " vs " << w;
+            ASSERT_TRUE(std::memcmp(&got, &plain[static_cast<size_t>(j)], sizeof got) == 0) << "column " << j;
+          }
+          for (int64_t i = 0; i < N; ++i)
+            for (int64_t j = 0; j < out_ld; ++j) {
+              const uint16_t o = out[static_cast<size_t>(i * out_ld + j)];
+              ASSERT_EQ(o, j < C ? kernels::f32_to_bf16(x[static_cast<size_t>(i * ld + j)]) : uint16_t{0xabcd})
+                  << "row " << i << " column " << j;
+            }
+        }
+    }
 }
 
 // A linear layer's bias gradient under Bf16Matmul: the column sums taken while dY is rounded are

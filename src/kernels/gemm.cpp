@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/column_sums.h"
 #include "kernels/quant.h"
 #include "kernels/train_isa.h"
 #include "qkv/cpu.h"
@@ -149,25 +150,6 @@ thread_local Scratch<uint16_t> g_a_scratch, g_b_scratch;
 // A's copy's row stride: rows start 64 bytes apart for the native product (see sgemm_bf16).
 int64_t a_copy_ld(bool native, int64_t cols) { return native ? round_up(cols, 32) : cols; }
 
-// One column block of x (rows, width <= 64; row stride ld): each value rounded to bfloat16 into
-// out (row stride out_ld), as kernels::f32_to_bf16 rounds (nearest even, NaN kept quiet), and
-// acc[j] += x[i][j] in double, row by row. Per column, so vectorising it reorders nothing.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-void round_and_sum_block(const float* x, int64_t rows, int64_t ld, int64_t width, uint16_t* out, int64_t out_ld,
-                         double* acc) {
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* r = x + i * ld;
-    uint16_t* o = out + i * out_ld;
-    for (int64_t j = 0; j < width; ++j) {
-      uint32_t bits;
-      std::memcpy(&bits, r + j, sizeof bits);
-      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16, quiet = (bits >> 16) | 0x40u;
-      o[j] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
-      acc[j] += r[j];
-    }
-  }
-}
-
 }  // namespace
 
 using Bf16Buffer = std::unique_ptr<uint16_t, decltype(&std::free)>;
@@ -245,18 +227,9 @@ bool Bf16Unchanged::round_with_column_sums(int64_t rows, int64_t cols, int64_t l
   check(ld >= cols, "Bf16Unchanged: row stride ", ld, " < ", cols, " columns");
   const int64_t out_ld = a_copy_ld(bf16_gemm_native(), cols);
   uint16_t* a16 = g_a_scratch.get(rows * out_ld);
-  // Column blocks of 64 (the blocks and the order of ops::detail::column_sums): each block's
-  // rows are rounded and summed in one pass.
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-  const float* x = data_;
-#pragma omp parallel for num_threads(num_threads()) schedule(static) if (blocks > 1 && rows * cols >= (int64_t{1} << 15))
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t j0 = blk * kBlock, width = std::min(kBlock, cols - j0);
-    double acc[kBlock] = {};
-    round_and_sum_block(x + j0, rows, ld, width, a16 + j0, out_ld, acc);
-    for (int64_t j = 0; j < width; ++j) col_sum[j0 + j] = col_sum[j0 + j] + static_cast<float>(acc[j]);
-  }
+  // the same column sums as ops::detail::column_sums, in the rounding's pass
+  const int threads = rows * cols >= (int64_t{1} << 15) ? num_threads() : 1;
+  kernels::column_sums(data_, rows, cols, ld, col_sum, true, a16, out_ld, threads);
   g_rounded_a = {data_, rows, cols, ld, out_ld};
   return true;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/column_sums.h"
 #include "ops/op_util.h"
 #include "qkv/error.h"
 #include "qkv/parallel.h"
@@ -108,31 +109,8 @@ void add_or_copy(float* dst, const float* src, int64_t count, bool add) {
   }
 }
 
-namespace {
-constexpr int64_t kColumnBlock = 64;
-
-// acc[j] <- sum over N rows of x[i * C + j], j < width <= kColumnBlock, in row order. A separate
-// function so that it has an AVX2 clone (the sums are per column, so vectorising them does not
-// reorder anything).
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-void column_block_sums(const float* x, int64_t N, int64_t C, int64_t width, double* acc) {
-  for (int64_t i = 0; i < N; ++i) {
-    const float* row = x + i * C;
-    for (int64_t j = 0; j < width; ++j) acc[j] += row[j];
-  }
-}
-}  // namespace
-
 void column_sums(const float* x, int64_t N, int64_t C, float* col_sum, bool add) {
-  const int64_t blocks = (C + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for num_threads(detail::threads_for(N * C)) schedule(static)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t j0 = blk * kColumnBlock, j1 = std::min(C, j0 + kColumnBlock);
-    double acc[kColumnBlock] = {};
-    column_block_sums(x + j0, N, C, j1 - j0, acc);
-    for (int64_t j = j0; j < j1; ++j)
-      col_sum[j] = add ? col_sum[j] + static_cast<float>(acc[j - j0]) : static_cast<float>(acc[j - j0]);
-  }
+  kernels::column_sums(x, N, C, C, col_sum, add, nullptr, 0, detail::threads_for(N * C));
 }
 
 }  // namespace ops::detail
