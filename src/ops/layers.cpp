@@ -405,6 +405,19 @@ void param_grad(const Var& p, F&& compute) {
   if (needs_grad(p)) into_grad(*p, compute);
 }
 
+// compute(dx) overwrites n floats with x's gradient contribution and may compute more on the
+// side: written straight into x's gradient when that holds nothing yet (into_grad), else added
+// to it; into a scratch tensor when x needs no gradient.
+template <class F>
+void input_grad(const Var& x, int64_t n, F&& compute) {
+  if (needs_grad(x)) {
+    into_grad(*x, compute);
+    return;
+  }
+  Tensor scratch = Tensor::empty({n});
+  compute(scratch.data<float>());
+}
+
 }  // namespace
 
 Var layer_norm(Tape& tape, const Var& x, const Var& gamma, const Var& beta, float eps) {
@@ -425,11 +438,12 @@ Var layer_norm(Tape& tape, const Var& x, const Var& gamma, const Var& beta, floa
       const float* dY = out_grad(*y);
       if (!dY) return;
       // dx, dgamma, dbeta from the saved mean and rstd (kernels/norm.h)
-      Tensor dx = Tensor::empty({N, C}), dg = Tensor::empty({C}), db = Tensor::empty({C});
-      kernels::layernorm_backward(x->value.data<float>(), gamma->value.data<float>(), mean.data<float>(),
-                                  rstd.data<float>(), dY, dx.data<float>(), dg.data<float>(),
-                                  beta ? db.data<float>() : nullptr, N, C, num_threads());
-      if (needs_grad(x)) detail::accumulate_grad(*x, dx.data<float>());
+      Tensor dg = Tensor::empty({C}), db = Tensor::empty({C});
+      input_grad(x, N * C, [&](float* dx) {
+        kernels::layernorm_backward(x->value.data<float>(), gamma->value.data<float>(), mean.data<float>(),
+                                    rstd.data<float>(), dY, dx, dg.data<float>(), beta ? db.data<float>() : nullptr, N,
+                                    C, num_threads());
+      });
       param_grad(gamma, [&](float* d) { std::copy(dg.data<float>(), dg.data<float>() + C, d); });
       param_grad(beta, [&](float* d) { std::copy(db.data<float>(), db.data<float>() + C, d); });
     });
@@ -451,10 +465,11 @@ Var rms_norm(Tape& tape, const Var& x, const Var& gamma, float eps) {
     tape.push([x, gamma, y, rstd, N, C] {
       const float* dY = out_grad(*y);
       if (!dY) return;
-      Tensor dx = Tensor::empty({N, C}), dg = Tensor::empty({C});
-      kernels::rmsnorm_backward(x->value.data<float>(), gamma->value.data<float>(), rstd.data<float>(), dY,
-                                dx.data<float>(), dg.data<float>(), N, C, num_threads());
-      if (needs_grad(x)) detail::accumulate_grad(*x, dx.data<float>());
+      Tensor dg = Tensor::empty({C});
+      input_grad(x, N * C, [&](float* dx) {
+        kernels::rmsnorm_backward(x->value.data<float>(), gamma->value.data<float>(), rstd.data<float>(), dY, dx,
+                                  dg.data<float>(), N, C, num_threads());
+      });
       param_grad(gamma, [&](float* d) { std::copy(dg.data<float>(), dg.data<float>() + C, d); });
     });
   }
