@@ -168,6 +168,31 @@ TEST(Ops, AttentionSelfFusedCausalWithPadding) {
   gradcheck("self causal padded", {qkv}, [&](Tape& t) { return ops::attention(t, qkv, qkv, qkv, hl, spec); }, 40);
 }
 
+// The heads' gradients reach a fused projection's gradient whether it holds nothing yet and the
+// heads cover its columns (written in), holds an earlier contribution (added: the same node read by
+// two attentions), or has columns no head reads (zeroed, then added: those columns' gradient is 0).
+TEST(Ops, AttentionGradientsIntoFusedProjections) {
+  ops::HeadLayout hl{2, 2, 3, 3, 0, 6, 12, 0.0, 0, 0};
+  AttentionSpec causal;
+  causal.causal = true;
+  Var qkv = param({2, 5, 18}, 4);
+  gradcheck("two attentions", {qkv}, [&](Tape& t) {
+    return ops::add(t, ops::attention(t, qkv, qkv, qkv, hl, causal), ops::attention(t, qkv, qkv, qkv, hl, {}));
+  }, 40);
+  Var wide = param({2, 5, 20}, 5);  // columns 18 and 19 are read by no head
+  gradcheck("unread columns", {wide}, [&](Tape& t) { return ops::attention(t, wide, wide, wide, hl, causal); }, 40);
+  // the gradient buffer kept from before holds NaN: nothing may be left of it
+  Tape t;
+  Var y = ops::attention(t, wide, wide, wide, hl, causal);
+  wide->zero_grad();
+  ASSERT_TRUE(wide->grad.defined());
+  std::fill(wide->grad.data<float>(), wide->grad.data<float>() + wide->grad.numel(), std::nanf(""));
+  t.backward(y, randn(y->value.shape(), 6));
+  ASSERT_TRUE(wide->has_grad);
+  for (int64_t r = 0; r < 10; ++r)
+    for (int64_t c = 18; c < 20; ++c) EXPECT_EQ(wide->grad.data<float>()[r * 20 + c], 0.0f) << r << " " << c;
+}
+
 TEST(Ops, AttentionGqaDkNeDvRopeAlibi) {
   // H = 4 query heads sharing Hkv = 2 key/value heads, Dk = 4, Dv = 3.
   Var q = param({1, 6, 16}, 1), kv = param({1, 6, 14}, 2);

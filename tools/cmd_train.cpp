@@ -158,7 +158,8 @@ Runner add_train(CLI::App& app) {
                 "Matrix products of the forward and backward passes: f32, bf16 (inputs rounded to bfloat16, sums, "
                 "weights, optimiser state and everything else float32; 1.3-1.6x faster where the CPU has bf16 dot "
                 "products, AVX512_BF16 or AMX), or auto (bf16 where the CPU has them, else f32; the default: "
-                "bf16 trains to the same loss curves). f32 gives the same bits on every machine. --resume keeps "
+                "bf16 trains to the same loss curves). f32 gives the same bits whether or not the CPU has bf16 (on "
+                "machines with the same instruction set). --resume keeps "
                 "the run's own")
       ->check(CLI::IsMember({"f32", "bf16", "auto"}));
   c->add_flag("--resume", o->resume, "Continue the run in --out exactly where its checkpoint stopped");

@@ -32,17 +32,56 @@ Tensor gather_heads(const Tensor& src, int64_t col, int64_t heads, int64_t D) {
   return out;
 }
 
-// (B, heads, T, D) contiguous  ->  added into columns col .. col + heads*D of dst (B, T, W).
-void scatter_add_heads(const float* g, float* dst, int64_t B, int64_t T, int64_t W, int64_t col, int64_t heads,
-                       int64_t D) {
+// (B, heads, T, D) contiguous  ->  added into columns col .. col + heads*D of dst (B, T, W), or
+// (add false) written there as g + 0: the bits of adding g to zeros (-0 becomes +0, as 0 + -0).
+void scatter_heads(const float* g, float* dst, int64_t B, int64_t T, int64_t W, int64_t col, int64_t heads, int64_t D,
+                   bool add) {
 #pragma omp parallel for num_threads(detail::threads_for(B * T * heads * D)) schedule(static)
   for (int64_t r = 0; r < B * T; ++r) {
     const int64_t b = r / T, t = r % T;
     float* d = dst + r * W + col;
     for (int64_t h = 0; h < heads; ++h) {
       const float* s = g + ((b * heads + h) * T + t) * D;
-      for (int64_t i = 0; i < D; ++i) d[h * D + i] += s[i];
+      if (add) {
+        for (int64_t i = 0; i < D; ++i) d[h * D + i] += s[i];
+      } else {
+        for (int64_t i = 0; i < D; ++i) d[h * D + i] = s[i] + 0.0f;
+      }
     }
+  }
+}
+
+// The heads' gradients dq, dk, dv into the gradients of the nodes they were read from. A node
+// whose gradient holds nothing yet and whose columns the parts read from it cover exactly (a fused
+// [Q | K | V] projection, or cross-attention's [K | V]) has them written in, without zeroing it
+// first; any other is zeroed if need be and added to. The same bits either way.
+struct HeadGrad {
+  const Var* src;
+  const float* g;
+  int64_t T, col, heads, D;
+};
+void scatter_head_grads(const HeadGrad* parts, int n, int64_t B) {
+  for (int i = 0; i < n; ++i) {
+    const Var& src = *parts[i].src;
+    if (!needs_grad(src)) continue;
+    bool earlier = false;  // handled with an earlier part of the same node
+    for (int j = 0; j < i; ++j) earlier = earlier || *parts[j].src == src;
+    if (earlier) continue;
+    std::vector<const HeadGrad*> mine;
+    for (int j = i; j < n; ++j)
+      if (*parts[j].src == src) mine.push_back(&parts[j]);
+    std::sort(mine.begin(), mine.end(), [](const HeadGrad* a, const HeadGrad* b) { return a->col < b->col; });
+    const int64_t W = src->value.size(2);
+    int64_t end = 0;
+    for (const HeadGrad* p : mine) end = p->col == end ? end + p->heads * p->D : -1;
+    bool add = true;
+    float* dst = nullptr;
+    if (end == W && !src->has_grad) {
+      dst = src->grad_dest(&add);
+    } else {
+      dst = grad_accum(*src);
+    }
+    for (const HeadGrad* p : mine) scatter_heads(p->g, dst, B, p->T, W, p->col, p->heads, p->D, add);
   }
 }
 
@@ -121,12 +160,10 @@ Var attention(Tape& tape, const Var& q_src, const Var& k_src, const Var& v_src, 
         kernels::rope_apply(g.dk.data<float>(), B * Hkv, Tk, 1, Dk, Dk, hl.k_pos, hl.rope_theta, true,
                             num_threads());
       }
-      if (needs_grad(q_src))
-        scatter_add_heads(g.dq.data<float>(), grad_accum(*q_src), B, Tq, q_src->value.size(2), hl.q_col, H, Dk);
-      if (needs_grad(k_src))
-        scatter_add_heads(g.dk.data<float>(), grad_accum(*k_src), B, Tk, k_src->value.size(2), hl.k_col, Hkv, Dk);
-      if (needs_grad(v_src))
-        scatter_add_heads(g.dv.data<float>(), grad_accum(*v_src), B, Tk, v_src->value.size(2), hl.v_col, Hkv, Dv);
+      const HeadGrad parts[3] = {{&q_src, g.dq.data<float>(), Tq, hl.q_col, H, Dk},
+                                 {&k_src, g.dk.data<float>(), Tk, hl.k_col, Hkv, Dk},
+                                 {&v_src, g.dv.data<float>(), Tk, hl.v_col, Hkv, Dv}};
+      scatter_head_grads(parts, 3, B);
     });
   }
   return y;
