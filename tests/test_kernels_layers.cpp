@@ -400,7 +400,7 @@ bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
 
 TEST(Norms, BitwiseIdenticalForAnyThreadCount) {
   std::mt19937 rng(500);
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{1000, 1000}, {999, 17}, {5, 33}}) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1000, 1000}, {999, 17}, {5, 33}, {40, 4500}}) {  // 4500: bands
     SCOPED_TRACE("N=" + std::to_string(N) + " C=" + std::to_string(C));
     const std::vector<float> x = randn(N * C, rng, 3.0f, 2.0f), gamma = randn(C, rng, 1.0f, 0.5f),
                              beta = randn(C, rng), dy = randn(N * C, rng);

@@ -8,11 +8,21 @@
 namespace qkv::kernels {
 namespace {
 
-// dgamma / dbeta are summed by tasks that each own this many adjacent columns (one 64-byte
-// line of floats per row). The blocks do not depend on the thread count, so neither do the sums.
-constexpr int64_t kColBlock = 16;
-
 int clamp_threads(int threads) { return std::max(1, threads); }
+
+// dgamma / dbeta are sums down the columns: f(j0, j1) sums columns j0 .. j1 - 1 over the rows in
+// order, reading each row's band from front to back, one band per thread. Up to kBand columns
+// take one thread: shorter bands than that read by two threads were slower than one thread
+// reading whole rows (see kernels::column_sums). Each column's sum is the same for any bands.
+constexpr int64_t kBand = 2048;
+template <class F>
+void for_column_bands(int64_t C, int threads, F&& f) {
+  const int nt = C <= kBand ? 1 : clamp_threads(threads);
+  const int64_t per = (C + nt - 1) / nt;
+  const int64_t band = std::clamp<int64_t>((per + 15) / 16 * 16, 16, kBand), bands = (C + band - 1) / band;
+#pragma omp parallel for num_threads(bands > 1 ? nt : 1) schedule(static)
+  for (int64_t b = 0; b < bands; ++b) f(b * band, std::min(C, (b + 1) * band));
+}
 
 // Row sums for LayerNorm on explicit vectors of 4 doubles (GCC vector extensions; AVX2 in the
 // x86-64-v3 clone picked at load time): GCC does not vectorise a floating-point sum, since that
@@ -161,13 +171,12 @@ void layernorm_backward(const float* x, const float* gamma, const float* mean, c
     dx[i * C] = static_cast<float>(sum_dev(x + i * C, mean[i], C) * inv_c);
   }
 
-  // dgamma_j <- sum_i dy_ij * xhat_ij ;  dbeta_j <- sum_i dy_ij   (one task per column block,
-  // rows in order: the same sums for any thread count)
-  const int64_t nblocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t j0 = blk * kColBlock, j1 = std::min(C, j0 + kColBlock);
-    double acc_g[kColBlock] = {}, acc_b[kColBlock] = {};
+  // dgamma_j <- sum_i dy_ij * xhat_ij ;  dbeta_j <- sum_i dy_ij   (rows in order: the same sums
+  // for any thread count)
+  for_column_bands(C, nt, [&](int64_t j0, int64_t j1) {
+    double acc_g[kBand], acc_b[kBand];
+    std::fill(acc_g, acc_g + (j1 - j0), 0.0);
+    std::fill(acc_b, acc_b + (j1 - j0), 0.0);
     for (int64_t i = 0; i < N; ++i) {
       const float* xi = x + i * C;
       const float* dyi = dy + i * C;
@@ -182,7 +191,7 @@ void layernorm_backward(const float* x, const float* gamma, const float* mean, c
       dgamma[j] = static_cast<float>(acc_g[j - j0]);
       if (dbeta) dbeta[j] = static_cast<float>(acc_b[j - j0]);
     }
-  }
+  });
 
   // dx_ij <- r_i * (g_ij - mean_k(g_ik) - xhat_ij * mean_k(g_ik * xhat_ik)),  g = dy * gamma
 #pragma omp parallel for num_threads(nt) schedule(static)
@@ -234,12 +243,10 @@ void rmsnorm_backward(const float* x, const float* gamma, const float* rstd, con
   }
   const double inv_c = 1.0 / static_cast<double>(C);
 
-  // dgamma_j <- sum_i dy_ij * x_ij * r_i   (one task per column block, rows in order)
-  const int64_t nblocks = (C + kColBlock - 1) / kColBlock;
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t blk = 0; blk < nblocks; ++blk) {
-    const int64_t j0 = blk * kColBlock, j1 = std::min(C, j0 + kColBlock);
-    double acc[kColBlock] = {};
+  // dgamma_j <- sum_i dy_ij * x_ij * r_i   (rows in order)
+  for_column_bands(C, nt, [&](int64_t j0, int64_t j1) {
+    double acc[kBand];
+    std::fill(acc, acc + (j1 - j0), 0.0);
     for (int64_t i = 0; i < N; ++i) {
       const float* xi = x + i * C;
       const float* dyi = dy + i * C;
@@ -247,7 +254,7 @@ void rmsnorm_backward(const float* x, const float* gamma, const float* rstd, con
       for (int64_t j = j0; j < j1; ++j) acc[j - j0] += dyi[j] * (xi[j] * r);
     }
     for (int64_t j = j0; j < j1; ++j) dgamma[j] = static_cast<float>(acc[j - j0]);
-  }
+  });
 
   // dx_ij <- r_i * g_ij - x_ij * r_i^3 * mean_k(g_ik * x_ik),  g = dy * gamma
 #pragma omp parallel for num_threads(nt) schedule(static)
