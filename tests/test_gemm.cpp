@@ -324,8 +324,9 @@ TEST(Gemm, Bf16RoundingWithColumnSumsKeepsTheirBits) {
 }
 
 // A training step's weights under Bf16Weights: the products whose B lies in a covered array give
-// the bits of rounding it per product, and the second product with the same weight uses the
-// first one's copy (writing the weight in between, which the promise forbids and the test does on
+// the bits of rounding it per product (whether the copy is plain or, on bf16 hardware, in the
+// matmul's blocked layout), and a later product reading the weight the same way uses the first
+// one's copy (writing the weight in between, which the promise forbids and the test does on
 // purpose, does not reach it); a slice of the array gets its own copy; a matrix outside the
 // arrays is rounded per product; after the scope, products round afresh.
 TEST(Gemm, Bf16WeightsAreRoundedOncePerScope) {
@@ -360,10 +361,17 @@ TEST(Gemm, Bf16WeightsAreRoundedOncePerScope) {
     forward(W.data(), Out, y1);
     forward(W.data() + 10 * In, Out - 10, ys1);
     forward(other.data(), Out, yo1);
-    for (float& x : W) x = n(rng);  // not seen by the kept copies
-    for (float& x : other) x = n(rng);  // seen: not covered
     input_grad(W.data(), Out, dx1);
     input_grad(W.data() + 10 * In, Out - 10, dxs1);
+    for (float& x : W) x = n(rng);  // not seen by the kept copies
+    for (float& x : other) x = n(rng);  // seen: not covered
+    std::vector<float> y2, dx2, dxs2;
+    forward(W.data(), Out, y2);
+    input_grad(W.data(), Out, dx2);
+    input_grad(W.data() + 10 * In, Out - 10, dxs2);
+    EXPECT_EQ(y2, y0);
+    EXPECT_EQ(dx2, dx0);
+    EXPECT_EQ(dxs2, dxs0);
     forward(other.data(), Out, yo2);
   }
   EXPECT_EQ(y1, y0);

@@ -20,6 +20,7 @@
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/embedding.h"
+#include "kernels/quant.h"
 #include "kernels/train_isa.h"
 
 namespace qkv::kernels {
@@ -228,6 +229,51 @@ TEST(CrossEntropy, HugeLogitsStayFinite) {
       EXPECT_NEAR(row, 0.0, 1e-6) << "gradient row " << i << " should sum to zero";
     }
   }
+}
+
+// pack_bf16_blocks on every ISA variant against the layout written out element by element (the
+// format's definition in train_isa.h, with f32_to_bf16 for the rounding): op(B) = B and B^T, sizes
+// inside one block, at its edges and across several, a row stride wider than the rows, and NaN,
+// infinities, denormals and -0 among the values; the zeros past K and N included.
+TEST(PackBf16Blocks, EveryIsaMatchesTheLayoutsDefinition) {
+  struct Variant {
+    const char* name;
+    void (*f)(const float*, int64_t, bool, int64_t, int64_t, int64_t, uint16_t*, int64_t, int64_t);
+    bool runs;
+  };
+  const Variant variants[] = {{"generic", generic::pack_bf16_blocks, true},
+                              {"avx2", avx2::pack_bf16_blocks, cpu_supports(Isa::AVX2)},
+                              {"w16avx2", w16avx2::pack_bf16_blocks, cpu_supports(Isa::AVX2)},
+                              {"avx512", avx512::pack_bf16_blocks, cpu_supports(Isa::AVX512)}};
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(), 1e-39f, -3e-40f, -0.0f, 1.00390625f};
+  for (const auto& [K, N] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {5, 7}, {32, 64}, {33, 65}, {31, 63}, {64, 128}, {100, 130}, {512, 192}})
+    for (const bool trans : {false, true}) {
+      const int64_t rows = trans ? N : K, cols = trans ? K : N, ld = cols + 3;
+      std::vector<float> B(static_cast<size_t>(rows * ld));
+      for (float& x : B) x = nd(rng);
+      for (size_t i = 0; i < std::size(specials); ++i) B[(i * 97) % B.size()] = specials[i];
+      const int64_t padK = (K + 31) / 32 * 32, padN = (N + 63) / 64 * 64;
+      std::vector<uint16_t> want(static_cast<size_t>(padK * padN), 0);
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n) {
+          const float v = trans ? B[static_cast<size_t>(n * ld + k)] : B[static_cast<size_t>(k * ld + n)];
+          const int64_t at = (n / 64) * padK * 64 + (k / 32) * 2048 + (k % 32 / 2) * 128 + (n % 64) * 2 + k % 2;
+          want[static_cast<size_t>(at)] = kernels::f32_to_bf16(v);
+        }
+      for (const Variant& v : variants) {
+        if (!v.runs) continue;
+        SCOPED_TRACE(::testing::Message() << v.name << " K " << K << " N " << N << " trans " << trans);
+        std::vector<uint16_t> got(want.size(), 0xabcd);
+        const int64_t blocks = trans ? padN / 64 : padK / 32;
+        v.f(B.data(), ld, trans, K, N, padK, got.data(), 0, blocks / 2);  // in two calls, as threads split it
+        v.f(B.data(), ld, trans, K, N, padK, got.data(), blocks / 2, blocks);
+        for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "element " << i;
+      }
+    }
 }
 
 // max_j z_j on every ISA variant: the largest value for finite rows, +inf when one is +inf, and

@@ -3,9 +3,11 @@
 // flash_attention_isa.cpp; cross_entropy.cpp and adamw.cpp pick one at run time and keep the
 // threading, chunking and scalar bookkeeping. Every loop order here depends on the length only,
 // so results are bitwise reproducible on a given ISA.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "kernels/simd/lowp.h"
 #include "kernels/simd/vec.h"
 #include "kernels/train_isa.h"
 
@@ -193,6 +195,60 @@ void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ld
     float* c = C + i * ldc;
     for (int64_t j = j0; j < j1; ++j) put(c, j, dot1(a, B + j * ldb, K));
   }
+}
+
+void pack_bf16_blocks(const float* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t padK, uint16_t* dst,
+                      int64_t b0, int64_t b1) {
+  constexpr int64_t kN = 64, kK = 32, kPairs = kK / 2;  // a block: 32 rows (16 pairs) x 64 columns
+  static_assert(kN % W == 0 && kPairs % W == 0, "the transposes take W x W words");
+  const int64_t kblocks = padK / kK, nblocks = (N + kN - 1) / kN;
+  if (trans) {
+    // column blocks b0 <= nb < b1: B's rows n0 .. n0 + 64, read from front to back
+    for (int64_t nb = b0; nb < b1; ++nb) {
+      const int64_t n0 = nb * kN, nn = std::max<int64_t>(0, std::min(kN, N - n0));  // columns inside op(B)
+      for (int64_t kb = 0; kb < kblocks; ++kb) {
+        const int64_t k0 = kb * kK, kk = std::max<int64_t>(0, std::min(kK, K - k0));  // rows inside op(B)
+        uint16_t* d = dst + nb * padK * kN + kb * kK * kN;
+        // t[b][0 .. 32) <- op(B)(k0 .. k0 + 32, n0 + b) = B[n0 + b][k0 .. k0 + 32), rounded: as 32-bit
+        // words (a row pair each), t is 64 x 16; the block is its transpose, 16 x 64 words
+        alignas(64) uint16_t t[kN * kK];
+        for (int64_t b = 0; b < kN; ++b) {
+          uint16_t* row = t + b * kK;
+          const int64_t have = b < nn ? kk : 0;
+          if (have > 0) simd::round_bf16(B + (n0 + b) * ldb + k0, row, have);
+          std::fill(row + have, row + kK, uint16_t{0});
+        }
+        for (int64_t bq = 0; bq < kN; bq += W)
+          for (int64_t aq = 0; aq < kPairs; aq += W) {
+            simd::vf r[W];
+            for (int i = 0; i < W; ++i) std::memcpy(&r[i], t + (bq + i) * kK + 2 * aq, sizeof r[i]);
+            simd::transpose(r);  // moves bits only
+            for (int j = 0; j < W; ++j) std::memcpy(d + ((aq + j) * kN + bq) * 2, &r[j], sizeof r[j]);
+          }
+      }
+    }
+    return;
+  }
+  // row blocks b0 <= kb < b1: B's rows k0 .. k0 + 32, read from front to back; rows k0 + 2a and
+  // k0 + 2a + 1, rounded, interleaved element by element
+  alignas(64) uint16_t r0[kN], r1[kN];
+  for (int64_t kb = b0; kb < b1; ++kb)
+    for (int64_t a = 0; a < kPairs; ++a) {
+      const int64_t k = kb * kK + 2 * a;
+      for (int64_t nb = 0; nb < nblocks; ++nb) {
+        const int64_t n0 = nb * kN, nn = std::min(kN, N - n0);
+        const int64_t h0 = k < K ? nn : 0, h1 = k + 1 < K ? nn : 0;
+        if (h0 > 0) simd::round_bf16(B + k * ldb + n0, r0, h0);
+        if (h1 > 0) simd::round_bf16(B + (k + 1) * ldb + n0, r1, h1);
+        std::fill(r0 + h0, r0 + kN, uint16_t{0});
+        std::fill(r1 + h1, r1 + kN, uint16_t{0});
+        uint16_t* o = dst + nb * padK * kN + kb * kK * kN + a * 2 * kN;
+        for (int64_t b = 0; b < kN; ++b) {
+          o[2 * b] = r0[b];
+          o[2 * b + 1] = r1[b];
+        }
+      }
+    }
 }
 
 }  // namespace qkv::kernels::QKV_ISA

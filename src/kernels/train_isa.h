@@ -29,6 +29,9 @@ struct AdamWScalars {
   /* summed in an order that depends on K only (batch-invariant)   A: (M, K) B: (N, K) C: (M, N) */ \
   void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t j0,      \
                 int64_t j1, int64_t K, float alpha, float beta, float* C, int64_t ldc);              \
+  /* see pack_bf16_blocks below */                                                                   \
+  void pack_bf16_blocks(const float* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t padK,  \
+                        uint16_t* dst, int64_t b0, int64_t b1);                                     \
   }
 QKV_DECLARE_TRAIN_ISA(generic)
 QKV_DECLARE_TRAIN_ISA(avx2)
@@ -44,12 +47,22 @@ struct TrainIsa {
   double (*sum_squares)(const float*, int64_t);
   void (*dot_rows)(const float*, int64_t, int64_t, const float*, int64_t, int64_t, int64_t, int64_t, float, float,
                    float*, int64_t);
+  // op(B) (K, N), each value rounded to bfloat16 as f32_to_bf16 rounds, into oneDNN's blocked
+  // layout for a bf16 matmul's weights (format tag BA16a64b2a): blocks of 32 rows x 64 columns,
+  // column blocks outermost (block (kb, nb) at dst + nb * padK * 64 + kb * 2048), and in a block
+  // element (k, n) at (k % 32 / 2) * 128 + (n % 64) * 2 + k % 2 (row pairs interleaved); zeros
+  // past K and N. op(B) is B, stored (K, N) with row stride ldb, or (trans) the transpose of B
+  // stored (N, K); padK: K rounded up to a multiple of 32. Writes the blocks that B's rows b0 * R
+  // .. b1 * R fill, reading those rows from front to back: with trans, column blocks b0 <= nb < b1
+  // (R = 64); else row blocks b0 <= kb < b1 (R = 32).
+  void (*pack_bf16_blocks)(const float*, int64_t, bool, int64_t, int64_t, int64_t, uint16_t*, int64_t, int64_t);
 };
 
 // The table for `isa`.
 inline TrainIsa train_isa(Isa isa) {
 #define QKV_TRAIN_TABLE(ns) \
-  TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares, ns::dot_rows}
+  TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares, ns::dot_rows, \
+           ns::pack_bf16_blocks}
   switch (isa) {
     case Isa::AVX512: return QKV_TRAIN_TABLE(avx512);
     case Isa::AVX2: return QKV_TRAIN_TABLE(avx2);
