@@ -34,10 +34,12 @@ printf '%-6s %-18s %10s %10s %10s %10s %9s %9s %9s\n' round model "qkv f32" "qkv
   "bf16/f32" "bf16/t32" "peak MiB"
 for r in $(seq 1 "$ROUNDS"); do
   for m in gpt2-small transformer-base; do
+    # the baseline's float32 straight before the bf16 run and qkv's float32 straight after it: each
+    # ratio to bf16 comes from neighbouring runs (this machine's speed drifts from minute to minute)
     b=null
     if [ -n "$BASELINE" ]; then b=$("$BASELINE" bench train --model "$m" --steps "$STEPS" --warmup 1 --json); fi
-    q=$("$QKV" bench train --model "$m" --steps "$STEPS" --warmup 1 --json)
     qb=$("$QKV" bench train --model "$m" --steps "$STEPS" --warmup 1 --precision bf16 --json)
+    q=$("$QKV" bench train --model "$m" --steps "$STEPS" --warmup 1 --json)
     t=$(/usr/bin/python3 bench/torch_train.py --model "$m" --steps "$STEPS" --warmup 1 --threads "$threads" --json 2>/dev/null)
     tb=null
     if [ "$TORCH_BF16" = 1 ]; then
