@@ -84,11 +84,12 @@ class Bf16Unchanged {
 
 // While an object of this class lives on a thread, products under Bf16Matmul on that thread whose
 // second operand (B) lies inside one of the given float32 arrays round it once and reuse the
-// copy (one per pointer, rows, columns and stride): a training step's weights, which the forward
-// pass (x W^T) and the backward pass's input gradient (dy W) both multiply by. PyTorch's autocast
-// keeps its weights' casts the same way within a region. The arrays must not be written while it
-// lives; the copies (2 bytes per weight used) are freed with it, or kept in `buffers` when given.
-// Nested objects: the innermost one serves.
+// copy (one per pointer, rows, columns and stride, and on bf16 hardware per way of reading it,
+// laid out as oneDNN's matmul reads fastest): a training step's weights, which the forward pass
+// (x W^T) and the backward pass's input gradient (dy W) both multiply by. PyTorch's autocast keeps
+// its weights' casts the same way within a region. The arrays must not be written while it
+// lives; the copies (2 bytes per weight used, 4 where both ways are used) are freed with it, or
+// kept in `buffers` when given. Nested objects: the innermost one serves.
 class Bf16WeightBuffers;
 class Bf16Weights {
  public:

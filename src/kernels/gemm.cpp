@@ -76,10 +76,7 @@ bool Bf16Matmul::active() { return g_bf16 > 0; }
 
 namespace {
 
-// C (M, N) = alpha A B + beta C on oneDNN's bf16 matmul: A (M, K) and B (K, N) bfloat16 with the
-// element strides given (so either may be a transposed view), C float32 with row stride ldc. beta
-// = 0 overwrites C (what it held never reaches the result). oneDNN keeps a cache of primitives by
-// descriptor, so a shape seen before costs a lookup, not a new kernel.
+// The attributes of a matmul computing alpha A B + beta C (beta: a sum post-op).
 dnnl::primitive_attr matmul_attr(float alpha, float beta) {
   dnnl::primitive_attr attr;
   if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
@@ -96,6 +93,10 @@ const dnnl::engine& cpu_engine() {
   return eng;
 }
 
+// C (M, N) = alpha A B + beta C on oneDNN's bf16 matmul: A (M, K) and B (K, N) bfloat16 with the
+// element strides given (so either may be a transposed view), C float32 with row stride ldc. beta
+// = 0 overwrites C (what it held never reaches the result). oneDNN keeps a cache of primitives by
+// descriptor, so a shape seen before costs a lookup, not a new kernel.
 void bf16_matmul(int64_t M, int64_t N, int64_t K, float alpha, const uint16_t* A, int64_t a_row, int64_t a_col,
                  const uint16_t* B, int64_t b_row, int64_t b_col, float beta, float* C, int64_t ldc) {
   try {
