@@ -102,6 +102,14 @@ ModelConfig marian_like(bool logits_bias) {
   return c;
 }
 
+// a post-norm translator in qkv's own layout (a fused q/k/v), exported as Marian
+ModelConfig marian_fused() {
+  ModelConfig c = marian_like(false);
+  c.fused_qkv = true;
+  c.activation = Activation::ReLU;
+  return c;
+}
+
 // qkv train --task translate's layout: pre-norm with final norms, a fused q/k/v, no logits bias
 ModelConfig pegasus_like(bool fused) {
   ModelConfig c = marian_like(false);
@@ -142,6 +150,7 @@ TEST(HfExport, EveryFamilyRoundTripsWithIdenticalLogits) {
       {"bert mlm", bert_like(Arch::EncoderMLM), "bert"}, {"bert classifier", bert_like(Arch::EncoderClassifier), "bert"},
       {"bert encoder", bert_like(Arch::Encoder), "bert"}, {"marian", marian_like(true), "marian"},
       {"marian without logits bias", marian_like(false), "marian"},
+      {"marian from fused q/k/v", marian_fused(), "marian"},
       {"pegasus from fused q/k/v (the main job's translator)", pegasus_like(true), "pegasus"},
       {"pegasus from separate q/k/v", pegasus_like(false), "pegasus"},
   };
@@ -185,8 +194,8 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
   gqa.n_kv_heads = 2;
   ModelConfig old_main_job = pegasus_like(true);  // qkv train --task translate before 2026-12-06
   old_main_job.positional = Positional::Sinusoidal;
-  ModelConfig post_fused = marian_like(true);
-  post_fused.fused_qkv = true;
+  ModelConfig post_final = marian_like(true);
+  post_final.final_norm = true;
   ModelConfig two_tables = pegasus_like(true);
   two_tables.share_embeddings = false;
   ModelConfig ungated = llama_like(false);
@@ -200,7 +209,7 @@ TEST(HfExport, ConfigsThatDoNotMapAreRefusedNamingTheSetting) {
       {post, {"norm_first = false", "gpt2", "pre-norm"}},
       {gqa, {"n_kv_heads = 2", "gpt2"}},
       {old_main_job, {"positional = sinusoidal", "pegasus", "sinusoidal_split_half"}},
-      {post_fused, {"fused_qkv = true", "marian", "q_proj, k_proj and v_proj"}},
+      {post_final, {"final_norm = true", "marian", "no final norm"}},
       {two_tables, {"share_embeddings = false", "pegasus", "one embedding table"}},
       {ungated, {"gated = false", "llama"}},
       {mean_pool, {"pooling = mean", "bert"}},

@@ -764,12 +764,13 @@ json bart_like_export(const Needs& need, const char* name) {
           {"activation_dropout", 0.0}, {"init_std", c.init_std}, {"is_encoder_decoder", true}};
 }
 
+// Marian: post-norm layers, no final norms (a fused in_proj_weight is written as q_proj, k_proj,
+// v_proj, as for Pegasus: only a layout)
 json marian_export(const Needs& need, const std::vector<std::string>&) {
   const ModelConfig& c = need.c;
   json j = bart_like_export(need, "Marian");
   need(!c.norm_first, "norm_first = true", "Marian's layers are post-norm");
   need(!c.final_norm, "final_norm = true", "Marian has no final norm");
-  need(!c.fused_qkv, "fused_qkv = true", "Marian has separate q_proj, k_proj and v_proj");
   j["model_type"] = "marian";
   j["architectures"] = {"MarianMTModel"};
   j["decoder_vocab_size"] = c.vocab_size;
