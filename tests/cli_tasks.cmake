@@ -103,6 +103,31 @@ endif()
 if(NOT rt_own STREQUAL rt_hf)
   message(FATAL_ERROR "the exported Pegasus folder translates otherwise:\n${rt_own}\nagainst\n${rt_hf}")
 endif()
+# the main job's translator (scripts/demo.sh's model config, read from the script: post-norm, no
+# final norms, a fused q/k/v) exports as a Hugging Face Marian folder, which qkv loads back and
+# translates with the same output (sampled, as above)
+file(READ "${CMAKE_CURRENT_LIST_DIR}/../scripts/demo.sh" demo_sh)
+if(NOT demo_sh MATCHES "<<'JSON'\n([^\n]+\n[^\n]+\n[^\n]+)\nJSON")
+  message(FATAL_ERROR "scripts/demo.sh: no model config (a heredoc <<'JSON' ... JSON) found")
+endif()
+file(WRITE "${w}/demo-config.json" "${CMAKE_MATCH_1}")
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/mt" --config "${w}/demo-config.json"
+        --vocab 300 --steps 60 --max-tokens 4096 --max-len 64 --lr 0.7 --warmup 20 --seed 3)
+run_qkv(0 out err export --model "${w}/mt" --format hf --out "${w}/mt-hf")
+expect_contains("${out}" "as a Hugging Face marian folder: ${w}/mt-hf/ config.json, model.safetensors"
+                "export of the main job's translator")
+file(READ "${w}/mt-hf/config.json" mt_hf_config)
+expect_contains("${mt_hf_config}" "\"model_type\": \"marian\"" "the exported translator's config")
+run_qkv(0 mt_own err translate --model "${w}/mt" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+        --max-len 12)
+run_qkv(0 mt_hf err translate --model "${w}/mt-hf" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+        --max-len 12)
+if(NOT mt_own MATCHES "(null|eins|zwei|drei|vier|fuenf|sechs|sieben|acht|neun)")
+  message(FATAL_ERROR "the main job's translator, trained for the export check, says nothing German: ${mt_own}")
+endif()
+if(NOT mt_own STREQUAL mt_hf)
+  message(FATAL_ERROR "the exported Marian folder translates otherwise:\n${mt_own}\nagainst\n${mt_hf}")
+endif()
 expect_error("--subword-alpha with the byte tokenizer" "a byte tokenizer cannot sample segmentations"
              train --task translate --data "${w}/pairs.tsv" --out "${w}/sw2" --tokenizer byte --steps 1
              --subword-alpha 0.1)
