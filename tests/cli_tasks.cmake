@@ -93,16 +93,21 @@ run_qkv(0 out err export --model "${w}/rt" --format hf --out "${w}/rt-hf")
 expect_contains("${out}" "as a Hugging Face pegasus folder: ${w}/rt-hf/ config.json, model.safetensors, tokenizer.model"
                 "export of a SentencePiece translator")
 file(WRITE "${w}/rt-src.txt" "one two three.\nseven eight nine.\nfive five zero.\n")
-run_qkv(0 rt_own err translate --model "${w}/rt" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
-        --max-len 12)
-run_qkv(0 rt_hf err translate --model "${w}/rt-hf" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
-        --max-len 12)
-if(NOT rt_own MATCHES "(null|eins|zwei|drei|vier|fuenf|sechs|sieben|acht|neun)")
-  message(FATAL_ERROR "the translator trained for the export check says nothing German: ${rt_own}")
-endif()
-if(NOT rt_own STREQUAL rt_hf)
-  message(FATAL_ERROR "the exported Pegasus folder translates otherwise:\n${rt_own}\nagainst\n${rt_hf}")
-endif()
+# same_translations(model folder family): the model and its exported folder translate the three
+# sentences alike, sampled, so that the same text needs the same distributions at every step
+function(same_translations model folder family)
+  run_qkv(0 own err translate --model "${model}" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+          --max-len 12)
+  run_qkv(0 hf err translate --model "${folder}" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
+          --max-len 12)
+  if(NOT own MATCHES "(null|eins|zwei|drei|vier|fuenf|sechs|sieben|acht|neun)")
+    message(FATAL_ERROR "${model}, trained for the export check, says nothing German: ${own}")
+  endif()
+  if(NOT own STREQUAL hf)
+    message(FATAL_ERROR "the exported ${family} folder translates otherwise:\n${own}\nagainst\n${hf}")
+  endif()
+endfunction()
+same_translations("${w}/rt" "${w}/rt-hf" Pegasus)
 # the main job's translator (scripts/demo.sh's model config, read from the script: post-norm, no
 # final norms, a fused q/k/v) exports as a Hugging Face Marian folder, which qkv loads back and
 # translates with the same output (sampled, as above)
@@ -118,16 +123,7 @@ expect_contains("${out}" "as a Hugging Face marian folder: ${w}/mt-hf/ config.js
                 "export of the main job's translator")
 file(READ "${w}/mt-hf/config.json" mt_hf_config)
 expect_contains("${mt_hf_config}" "\"model_type\": \"marian\"" "the exported translator's config")
-run_qkv(0 mt_own err translate --model "${w}/mt" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
-        --max-len 12)
-run_qkv(0 mt_hf err translate --model "${w}/mt-hf" --input "${w}/rt-src.txt" --sample --seed 11 --temperature 0.8
-        --max-len 12)
-if(NOT mt_own MATCHES "(null|eins|zwei|drei|vier|fuenf|sechs|sieben|acht|neun)")
-  message(FATAL_ERROR "the main job's translator, trained for the export check, says nothing German: ${mt_own}")
-endif()
-if(NOT mt_own STREQUAL mt_hf)
-  message(FATAL_ERROR "the exported Marian folder translates otherwise:\n${mt_own}\nagainst\n${mt_hf}")
-endif()
+same_translations("${w}/mt" "${w}/mt-hf" Marian)
 expect_error("--subword-alpha with the byte tokenizer" "a byte tokenizer cannot sample segmentations"
              train --task translate --data "${w}/pairs.tsv" --out "${w}/sw2" --tokenizer byte --steps 1
              --subword-alpha 0.1)
