@@ -35,7 +35,7 @@ else
   cat > "$(dirname "$OUT")/ende-config.json" <<'JSON'
 {"arch": "encoder-decoder", "d_model": 128, "n_heads": 4, "d_ff": 512, "n_encoder_layers": 2,
  "n_decoder_layers": 2, "norm_first": false, "final_norm": false, "positional": "sinusoidal_split_half",
- "scale_embeddings": true, "share_embeddings": true, "tie_embeddings": true, "dropout": 0.2, "vocab_size": 8000}
+ "scale_embeddings": true, "share_embeddings": true, "tie_embeddings": true, "dropout": 0.2}
 JSON
   build/qkv train --task translate --data "$(dirname "$OUT")/ding-en-de.tsv" --out "$OUT" \
     --config "$(dirname "$OUT")/ende-config.json" --vocab 8000 --max-tokens 2500 --max-len 64 --lr 0.7 --warmup 800 \

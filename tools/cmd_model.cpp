@@ -19,6 +19,7 @@
 #include "commands.h"
 #include "task_util.h"
 #include "qkv/qkv.h"
+#include "text/hf_export.h"
 
 namespace qkv::cli {
 namespace {
@@ -307,8 +308,11 @@ int run_export(const ExportCmd& o) {
   }
   save_hf_model(m, o.out, labels);
   std::string files = "config.json, model.safetensors";
-  if (tok)
+  if (tok) {
     for (const std::string& f : tok->save_hf(o.out)) files += ", " + f;
+    // a translator's source ends with </s> (source_ids): Hugging Face's tokenizer(text) appends it too
+    if (m.config().arch == Arch::EncoderDecoder) text::hf_sources_end_with_eos(o.out, *tok);
+  }
   std::cout << "exported " << o.model << " as a Hugging Face " << type << " folder: " << o.out << "/ " << files << " ("
             << m.num_parameters() << " parameters)\n";
   if (!tok) std::cerr << "qkv: note: no tokenizer files written (" << no_tokenizer << ")\n";

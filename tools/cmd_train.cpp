@@ -126,7 +126,7 @@ Runner add_train(CLI::App& app) {
   c->add_option("--out", o->out, "The model directory to write (created)")->required();
   c->add_option("--preset", o->preset, "Model size: tiny, small or base (the 2017 base model)")
       ->check(CLI::IsMember({"tiny", "small", "base"}));
-  c->add_option("--config", o->config, "A config.json for the model instead of a preset")->check(CLI::ExistingFile);
+  c->add_option("--config", o->config, "A config.json for the model instead of a preset (qkv's keys, docs/formats.md; vocab_size may be left out: the tokenizer's size is the model's)")->check(CLI::ExistingFile);
   c->add_option("--init", o->init,
                 "Fine-tune this model (a qkv model directory or a Hugging Face folder) instead of starting from random "
                 "weights; its tokenizer too unless --tokenizer is given. --task classify on an encoder adds a head");

@@ -1670,6 +1670,23 @@ std::string hf_tokenizer_file(Json model, Json added, Json normalizer, Json pre,
   return j.dump(-1, ' ', false) + "\n";
 }
 
+bool hf_sources_end_with_eos(const std::string& dir, const Tokenizer& tok) {
+  const std::string path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  if (!tok.with_special_tokens({}).empty() || !std::filesystem::is_regular_file(path)) return false;
+  check(tok.eos_id() >= 0, path, ": the tokenizer has no end-of-sequence token for a translator's sources to end with");
+  Json j = detail::parse_json_object(read_file(path, "tokenizer.json"), path);
+  const std::string eos = tok.piece(tok.eos_id());
+  const Json seq = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}, seq_b = {{"Sequence", {{"id", "B"}, {"type_id", 0}}}};
+  const Json end = {{"SpecialToken", {{"id", eos}, {"type_id", 0}}}};
+  const Json templ = {{"type", "TemplateProcessing"},
+                      {"single", {seq, end}},
+                      {"pair", {seq, seq_b, end}},
+                      {"special_tokens", {{eos, {{"id", eos}, {"ids", {tok.eos_id()}}, {"tokens", {eos}}}}}}};
+  j["post_processor"] = templ;  // (in place of a language model's, e.g. GPT-2's <|endoftext|> first)
+  write_file_atomic(path, j.dump(-1, ' ', false) + "\n");
+  return true;
+}
+
 }  // namespace text
 
 std::unique_ptr<Tokenizer> parse_hf_tokenizer(const std::string& json_bytes, const std::string& name,

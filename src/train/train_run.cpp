@@ -106,10 +106,28 @@ Preset preset_of(const std::string& name, Task task) {
   throw Error("--preset " + name + ": expected tiny, small or base");
 }
 
-ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tokenizer& tok, int64_t classes) {
+// --config's model with `vocab` tokens: the tokenizer's size is the model's vocab_size, so the
+// file may leave it out, and a file that says otherwise is told so (when `say` is given)
+ModelConfig config_file(const std::string& path, int64_t vocab, const Say* say) {
+  const std::string text = read_file(path, "--config");
+  check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a config file");
+  nlohmann::json j = detail::parse_json_object(text, path);
+  if (const auto it = j.find("vocab_size"); it == j.end()) {
+    j["vocab_size"] = vocab;
+  } else if (!(*it == vocab)) {
+    if (say)
+      (*say)("note: %s says vocab_size %s; the model has the tokenizer's %lld", path.c_str(), it->dump().c_str(),
+             static_cast<long long>(vocab));
+    *it = vocab;
+  }
+  return ModelConfig::from_json(j.dump(), path);
+}
+
+ModelConfig model_config(const Options& o, Task task, const Preset& p, const Tokenizer& tok, int64_t classes,
+                         const Say& say) {
   ModelConfig c;
   if (!o.config.empty()) {
-    c = ModelConfig::load(o.config);
+    c = config_file(o.config, tok.vocab_size(), &say);
   } else {
     c.d_model = p.d_model;
     c.n_heads = p.heads;
@@ -444,7 +462,9 @@ int prepare(Options& o, const std::atomic<bool>* stop, const Communicator* comm,
   if (o.max_len <= 0) o.max_len = p.max_len;
   check(o.steps > 0 || o.epochs > 0 || o.minutes > 0, "give a limit: --steps N, --epochs N or --minutes M");
   // A config's learned position table is checked before any work.
-  if (!o.config.empty()) check_positions(ModelConfig::load(o.config), o.max_len, "--config " + o.config);
+  // (the vocabulary asked for stands in for the tokenizer's size, not known yet)
+  if (!o.config.empty())
+    check_positions(config_file(o.config, o.vocab > 0 ? o.vocab : p.vocab, nullptr), o.max_len, "--config " + o.config);
   if (o.resume) check_positions(checkpoint_model_config(ckpt), o.max_len, ckpt);
 
   // data -> split
@@ -611,7 +631,7 @@ int prepare(Options& o, const std::atomic<bool>* stop, const Communicator* comm,
   ModelConfig cfg = o.resume         ? checkpoint_model_config(ckpt)
                     : init_model ? init_config(o, task, init_model->config(), *tok, static_cast<int64_t>(labels.size()),
                                                &new_head)
-                                     : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()));
+                                     : model_config(o, task, p, *tok, static_cast<int64_t>(labels.size()), say);
   check_positions(cfg, o.max_len, init_model ? "--init " + o.init
                                   : o.config.empty() ? "--preset " + o.preset
                                                      : "--config " + o.config);
