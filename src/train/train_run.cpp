@@ -109,7 +109,7 @@ Preset preset_of(const std::string& name, Task task) {
 // --config's model with `vocab` tokens: the tokenizer's size is the model's vocab_size, so the
 // file may leave it out, and a file that says otherwise is told so (when `say` is given)
 ModelConfig config_file(const std::string& path, int64_t vocab, const Say* say) {
-  const std::string text = read_file(path, "--config");
+  const std::string text = read_file(path, "config.json");
   check(text.size() < (64u << 20), path, ": larger than 64 MiB; not a config file");
   nlohmann::json j = detail::parse_json_object(text, path);
   if (const auto it = j.find("vocab_size"); it == j.end()) {
