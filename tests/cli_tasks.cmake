@@ -133,6 +133,9 @@ run_qkv(0 out err train --task translate --data "${w}/pairs.tsv" --out "${w}/vs"
         --vocab 300 --steps 1)
 expect_contains("${err}" "note: ${w}/vs-config.json says vocab_size 9999; the model has the tokenizer's 300"
                 "a --config whose vocab_size is not the tokenizer's")
+file(WRITE "${w}/vs-bad.json" "{\"arch\": \"encoder-decoder\", \"d_model\": 32, \"n_heads\": 2, \"d_ff\": 64, \"n_encoder_layers\": 1, \"n_decoder_layers\": 1, \"vocab_size\": \"8000\"}")
+expect_error("a --config whose vocab_size is a string" "vs-bad.json: \"vocab_size\" is \"8000\" (expected a positive integer, or leave it out)"
+             train --task translate --data "${w}/pairs.tsv" --out "${w}/vs-bad" --config "${w}/vs-bad.json" --vocab 300 --steps 1)
 # the folder's tokenizer.json ends a source with </s>, as qkv's encoder reads it (Hugging Face's
 # tokenizer(text) adds the special tokens by default)
 run_qkv(0 own err tokenize --model "${w}/mt" --ids --text "seven eight nine.")

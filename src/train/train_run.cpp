@@ -114,7 +114,9 @@ ModelConfig config_file(const std::string& path, int64_t vocab, const Say* say) 
   nlohmann::json j = detail::parse_json_object(text, path);
   if (const auto it = j.find("vocab_size"); it == j.end()) {
     j["vocab_size"] = vocab;
-  } else if (!(*it == vocab)) {
+  } else if (!it->is_number_integer() || it->get<int64_t>() < 1) {
+    throw Error(detail::concat(path, ": \"vocab_size\" is ", it->dump(), " (expected a positive integer, or leave it out)"));
+  } else if (it->get<int64_t>() != vocab) {
     if (say)
       (*say)("note: %s says vocab_size %s; the model has the tokenizer's %lld", path.c_str(), it->dump().c_str(),
              static_cast<long long>(vocab));
