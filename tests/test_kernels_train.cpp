@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/quant.h"
 #include "kernels/train_isa.h"
@@ -307,6 +309,75 @@ TEST(RowMax, EveryIsaPropagatesNaN) {
       }
     }
   }
+}
+
+// The dropout mask's vector bodies give the slow twin's bits on every ISA variant: any start
+// index (mid-vector, and where the counter's 64-bit products wrap), any length (tails), keep
+// thresholds from "keep all" to "keep almost none" (the top bit of the 32-bit compare set and
+// clear), in place and not; dropped inf and NaN give +0, kept ones pass.
+TEST(DropoutMask, EveryIsaGivesTheReferenceBits) {
+  struct Variant {
+    const char* name;
+    void (*f)(const float*, float*, int64_t, uint64_t, uint64_t, uint64_t, float);
+    bool runs;
+  };
+  const Variant variants[] = {{"generic", generic::dropout_mask, true},
+                              {"avx2", avx2::dropout_mask, cpu_supports(Isa::AVX2)},
+                              {"w16avx2", w16avx2::dropout_mask, cpu_supports(Isa::AVX2)},
+                              {"avx512", avx512::dropout_mask, cpu_supports(Isa::AVX512)}};
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> x(700);
+  for (float& v : x) v = nd(rng);
+  x[3] = std::numeric_limits<float>::infinity();
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  x[41] = -std::numeric_limits<float>::infinity();
+  const uint64_t thresholds[] = {0, 1 /* element n / 2's bits */, 429496730 /* those + 1 */, 0x7fffffffULL, 0x80000000ULL, 0x80000001ULL, 3865470567ULL,
+                                 0xffffff00ULL};
+  const uint64_t starts[] = {0, 5, 17, 1000003, (1ULL << 32) - 3, 0xfffffffffffffff0ULL};
+  for (const Variant& v : variants) {
+    if (!v.runs) continue;
+    for (const uint64_t listed : thresholds)
+      for (uint64_t i0 : starts)
+        for (int64_t n : {1, 7, 16, 33, 700}) {
+          const uint64_t key = rng();
+          // once per length, the threshold is element n / 2's own bits (kept: ">=" not ">"), or one above
+          // them (dropped)
+          const uint64_t on = dropout_detail::bits_at(key, i0 + static_cast<uint64_t>(n / 2));
+          const uint64_t threshold = listed == 1 ? on : listed == 429496730 ? on + 1 : listed;
+          SCOPED_TRACE(::testing::Message() << v.name << " threshold=" << threshold << " i0=" << i0 << " n=" << n);
+          const float scale = 1.25f;
+          std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n), -7.0f);
+          dropout_mask_ref(x.data(), want.data(), n, i0, key, threshold, scale);
+          v.f(x.data(), got.data(), n, i0, key, threshold, scale);
+          int64_t kept = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[j]), std::bit_cast<uint32_t>(want[j])) << "element " << j;
+            kept += want[j] != 0.0f;
+          }
+          if (threshold == 0) {
+            EXPECT_EQ(kept, n);
+          }
+          if (threshold == on) {
+            EXPECT_NE(want[n / 2], 0.0f);
+          }
+          if (threshold == on + 1) {
+            EXPECT_EQ(want[n / 2], 0.0f);
+          }
+          std::vector<float> in_place(x.begin(), x.begin() + n);
+          v.f(in_place.data(), in_place.data(), n, i0, key, threshold, scale);
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(std::bit_cast<uint32_t>(in_place[j]), std::bit_cast<uint32_t>(want[j])) << "in place, element " << j;
+        }
+  }
+  // the reference itself: element j is element i0 + j of dropout_bits' sequence for the key
+  // of (seed, stream) -- checked through dropout_forward, which runs the active ISA's body
+  const int64_t n = 50000;
+  std::vector<float> ones(static_cast<size_t>(n), 1.0f), y(static_cast<size_t>(n));
+  dropout_forward(ones.data(), y.data(), n, 0.3f, 11, 12, 2);
+  const uint64_t threshold = static_cast<uint64_t>(std::ceil(0.3 * 4294967296.0));
+  for (int64_t i = 0; i < n; ++i)
+    ASSERT_EQ(y[i] != 0.0f, dropout_bits(11, 12, static_cast<uint64_t>(i)) >= threshold) << "element " << i;
 }
 
 // NaN logits give a NaN loss and NaN gradients in their row, never a finite number; the other

@@ -21,8 +21,28 @@
 
 namespace qkv::kernels {
 
+namespace dropout_detail {
+constexpr uint64_t kGamma = 0x9e3779b97f4a7c15ULL;  // SplitMix64's increment (2^64 / golden ratio)
+
+// SplitMix64's finaliser (Stafford's "Mix13").
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// bits_i <- high 32 bits of mix(key + (i + 1) * gamma), SplitMix64's output number i + 1.
+inline uint32_t bits_at(uint64_t key, uint64_t i) { return static_cast<uint32_t>(mix64(key + (i + 1) * kGamma) >> 32); }
+}  // namespace dropout_detail
+
 // The 32-bit value deciding element i of the mask for (seed, stream).
 uint32_t dropout_bits(uint64_t seed, uint64_t stream, uint64_t i);
+
+// The slow twin of the ISA bodies' dropout_mask (train_isa.h): out_j <- bits_at(key, i0 + j) >=
+// threshold ? in_j * scale : 0, with key = mix(seed ^ mix(stream ^ c)) and threshold = ceil(p 2^32).
+// in, out: (n); out may alias in (out == in).
+void dropout_mask_ref(const float* in, float* out, int64_t n, uint64_t i0, uint64_t key, uint64_t threshold,
+                      float scale);
 
 // float(1.0 / (1.0 - p)): the factor applied to kept elements.
 float dropout_scale(float p);

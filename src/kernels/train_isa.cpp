@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/dropout.h"
 #include "kernels/simd/lowp.h"
 #include "kernels/simd/vec.h"
 #include "kernels/train_isa.h"
@@ -132,6 +133,38 @@ double sum_squares(const float* g, int64_t n) {
   for (int l = 0; l < W / 2; ++l) s += acc0[l];
   for (; i < n; ++i) s += static_cast<double>(g[i]) * static_cast<double>(g[i]);
   return s;
+}
+
+void dropout_mask(const float* in, float* out, int64_t n, uint64_t i0, uint64_t key, uint64_t threshold,
+                  float scale) {
+  // out_j <- mix(key + (i0 + j + 1) gamma) >> 32 >= threshold ? in_j * scale : 0, W elements at a
+  // time in W lanes of 64-bit integers (AVX-512DQ multiplies them in one instruction, AVX2 and
+  // SSE2 from 32-bit halves), the counter advanced by W gamma per vector; then the tail. Each
+  // element depends on its own index only, so out == in is fine.
+  typedef uint64_t vu __attribute__((vector_size(W * sizeof(uint64_t))));
+  typedef int32_t vi __attribute__((vector_size(W * sizeof(int32_t))));
+  using dropout_detail::kGamma;
+  constexpr uint64_t kM1 = 0xbf58476d1ce4e5b9ULL, kM2 = 0x94d049bb133111ebULL;  // mix64's
+  vu ctr;
+  for (int l = 0; l < W; ++l) ctr[l] = key + (i0 + static_cast<uint64_t>(l) + 1) * kGamma;
+  const vu step = (vu{} + kGamma) * static_cast<uint64_t>(W);
+  const vf sc = simd::set1(scale), zero{};
+  const vi flip = vi{} + INT32_MIN, thr = (vi{} + static_cast<int32_t>(static_cast<uint32_t>(threshold))) ^ flip;
+  int64_t j = 0;
+  for (; j + W <= n; j += W, ctr += step) {
+    vu z = ctr;
+    z = (z ^ (z >> 30)) * kM1;
+    z = (z ^ (z >> 27)) * kM2;
+    z ^= z >> 31;
+    // the high halves narrowed to W 32-bit lanes and compared signed with both sides' top bit
+    // flipped (an unsigned compare every ISA has); a compare of 64-bit lanes GCC did lane by lane
+    const vi hi = __builtin_convertvector(z >> 32, vi) ^ flip;
+    const vi keep = hi >= thr;  // -1 kept, 0 dropped
+    const vf x = simd::load(in + j);
+    simd::store(out + j, keep ? x * sc : zero);
+  }
+  for (; j < n; ++j)
+    out[j] = dropout_detail::bits_at(key, i0 + static_cast<uint64_t>(j)) >= threshold ? in[j] * scale : 0.0f;
 }
 
 namespace {

@@ -29,6 +29,10 @@ struct AdamWScalars {
   /* summed in an order that depends on K only (batch-invariant)   A: (M, K) B: (N, K) C: (M, N) */ \
   void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t j0,      \
                 int64_t j1, int64_t K, float alpha, float beta, float* C, int64_t ldc);              \
+  /* out_j <- bits(key, i0 + j) >= threshold ? in_j * scale : 0 (dropout.h's mask, bit for bit */ \
+  /* dropout_mask_ref)   in, out: (n); out may alias in (out == in) */                              \
+  void dropout_mask(const float* in, float* out, int64_t n, uint64_t i0, uint64_t key, uint64_t threshold, \
+                    float scale);                                                                    \
   /* see pack_bf16_blocks below */                                                                   \
   void pack_bf16_blocks(const float* B, int64_t ldb, bool trans, int64_t K, int64_t N, int64_t padK,  \
                         uint16_t* dst, int64_t b0, int64_t b1);                                     \
@@ -56,13 +60,14 @@ struct TrainIsa {
   // .. b1 * R fill, reading those rows from front to back: with trans, column blocks b0 <= nb < b1
   // (R = 64); else row blocks b0 <= kb < b1 (R = 32).
   void (*pack_bf16_blocks)(const float*, int64_t, bool, int64_t, int64_t, int64_t, uint16_t*, int64_t, int64_t);
+  void (*dropout_mask)(const float*, float*, int64_t, uint64_t, uint64_t, uint64_t, float);
 };
 
 // The table for `isa`.
 inline TrainIsa train_isa(Isa isa) {
 #define QKV_TRAIN_TABLE(ns) \
   TrainIsa{ns::row_max, ns::sum_exp, ns::softmax_grad_row, ns::adamw_update, ns::sum_squares, ns::dot_rows, \
-           ns::pack_bf16_blocks}
+           ns::pack_bf16_blocks, ns::dropout_mask}
   switch (isa) {
     case Isa::AVX512: return QKV_TRAIN_TABLE(avx512);
     case Isa::AVX2: return QKV_TRAIN_TABLE(avx2);
