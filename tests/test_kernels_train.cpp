@@ -332,7 +332,8 @@ TEST(DropoutMask, EveryIsaGivesTheReferenceBits) {
   x[3] = std::numeric_limits<float>::infinity();
   x[40] = std::numeric_limits<float>::quiet_NaN();
   x[41] = -std::numeric_limits<float>::infinity();
-  const uint64_t thresholds[] = {0, 1 /* element n / 2's bits */, 429496730 /* those + 1 */, 0x7fffffffULL, 0x80000000ULL, 0x80000001ULL, 3865470567ULL,
+  // 1 and 429496730 stand for element n / 2's own bits and those + 1 (below)
+  const uint64_t thresholds[] = {0, 1, 429496730, 0x7fffffffULL, 0x80000000ULL, 0x80000001ULL, 3865470567ULL,
                                  0xffffff00ULL};
   const uint64_t starts[] = {0, 5, 17, 1000003, (1ULL << 32) - 3, 0xfffffffffffffff0ULL};
   for (const Variant& v : variants) {

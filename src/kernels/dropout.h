@@ -39,7 +39,8 @@ inline uint32_t bits_at(uint64_t key, uint64_t i) { return static_cast<uint32_t>
 uint32_t dropout_bits(uint64_t seed, uint64_t stream, uint64_t i);
 
 // The slow twin of the ISA bodies' dropout_mask (train_isa.h): out_j <- bits_at(key, i0 + j) >=
-// threshold ? in_j * scale : 0, with key = mix(seed ^ mix(stream ^ c)) and threshold = ceil(p 2^32).
+// threshold ? in_j * scale : 0, with key = mix(seed ^ mix(stream ^ c)) and threshold = ceil(p 2^32)
+// (below 2^32: p < 1).
 // in, out: (n); out may alias in (out == in).
 void dropout_mask_ref(const float* in, float* out, int64_t n, uint64_t i0, uint64_t key, uint64_t threshold,
                       float scale);

@@ -30,7 +30,8 @@ struct AdamWScalars {
   void dot_rows(const float* A, int64_t lda, int64_t M, const float* B, int64_t ldb, int64_t j0,      \
                 int64_t j1, int64_t K, float alpha, float beta, float* C, int64_t ldc);              \
   /* out_j <- bits(key, i0 + j) >= threshold ? in_j * scale : 0 (dropout.h's mask, bit for bit */ \
-  /* dropout_mask_ref)   in, out: (n); out may alias in (out == in) */                              \
+  /* dropout_mask_ref); threshold < 2^32 (dropout's ceil(p 2^32), p < 1)                        */ \
+  /*   in, out: (n); out may alias in (out == in) */                                                 \
   void dropout_mask(const float* in, float* out, int64_t n, uint64_t i0, uint64_t key, uint64_t threshold, \
                     float scale);                                                                    \
   /* see pack_bf16_blocks below */                                                                   \
