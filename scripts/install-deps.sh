@@ -39,6 +39,7 @@ if [ "$what" = all ]; then
     clang-16 libclang-rt-16-dev # the fuzz targets (libFuzzer, ASan + UBSan; tests/fuzz)
     libomp-16-dev               # ... and clang's OpenMP runtime, which they link
     bible-kjv                   # English prose for language models (the King James Bible)
+    gettext                     # msgfmt: the gettext catalog reader's test reads what GNU's own writer writes
   )
   # The GPT-2 and Hugging Face tokenizer parity tests run gpt-3-encoder and @huggingface/tokenizers from npm, the
   # explorer's browser test puppeteer-core: Debian's nodejs and npm, unless the machine already has both.

@@ -48,6 +48,13 @@ def run(cmd, timeout=300):
     return p.returncode, p.stdout, p.stderr
 
 
+def qkv_lines(stderr):
+    """What a failed check about qkv's own messages shows: stderr's lines that mention qkv (mpirun's
+    banner, which can fill the last few hundred characters, left out), or its end if none do."""
+    lines = [line for line in stderr.splitlines() if "qkv" in line]
+    return repr(lines[-6:]) if lines else "no line mentions qkv; stderr ends: %r" % stderr[-200:]
+
+
 def losses(d):
     out = []
     with open(os.path.join(d, "metrics.jsonl")) as f:
@@ -179,7 +186,7 @@ def main():
                      ["--out", os.path.join(work, "never"), "--steps", "5"], timeout=120)
     ck.report(rc != 0 and se.count("qkv: error:") == 1 and ".missing" in se and not os.path.exists(os.path.join(work, "never")),
               "a missing --data under mpirun: one error message, exit %d in %.1f s, nothing written" % (rc, time.time() - t0),
-              se[-600:])
+              qkv_lines(se))
     # ... and so is a damaged checkpoint, which rank 0 alone reads on --resume
     bad = os.path.join(work, "damaged")
     shutil.copytree(mpi2, bad)
@@ -187,7 +194,7 @@ def main():
         f.truncate(1000)
     rc, so, se = run(mpirun + ["2", qkv, "--threads", "1", "train", "--out", bad, "--resume", "--steps", "30"], timeout=120)
     ck.report(rc != 0 and se.count("qkv: error:") == 1 and "checkpoint.safetensors" in se,
-              "a truncated checkpoint under mpirun --resume: one error naming it, exit %d" % rc, se[-600:])
+              "a truncated checkpoint under mpirun --resume: one error naming it, exit %d" % rc, qkv_lines(se))
     # resume: 10 steps, then on to 20, with 2 ranks and with 3
     half, rc, _, _ = train("half", 2, steps=10)
     if rc == 0:

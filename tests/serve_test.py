@@ -57,7 +57,9 @@ class Checks:
                 self.passed += 1
             else:
                 self.failed += 1
-            print(("PASS " if ok else "FAIL ") + what + ("  " + str(detail)[:300] if detail else ""), flush=True)
+            # a failure shows more of its detail: it is what the next person has to go on
+            print(("PASS " if ok else "FAIL ") + what + ("  " + str(detail)[:300 if ok else 1500] if detail else ""),
+                  flush=True)
 
 
 def run(args, **kw):

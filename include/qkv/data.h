@@ -225,6 +225,44 @@ constexpr int64_t kDingPhraseAlternatives = 3;
 constexpr int64_t kDingPhraseWords = 8;
 std::vector<std::string> ding_phrases(std::string_view sub_entry);
 
+// One message of a compiled GNU gettext catalog (.mo): `msgctxt EOT msgid [NUL msgid_plural]`
+// in the original-strings table, `msgstr[0] [NUL msgstr[1] ...]` in the translations table.
+struct CatalogMessage {
+  std::string context;                    // msgctxt, "" when none
+  std::string id;                         // msgid ("" for the catalog's header entry)
+  std::string plural_id;                  // msgid_plural, "" for a message without plural forms
+  std::vector<std::string> translations;  // msgstr (one), or msgstr[0..] of a plural message
+};
+
+// Every message of the compiled gettext catalog at `path`, in the file's order. The format (the
+// GNU gettext manual, "The Format of GNU MO Files"): the magic number 0x950412de in the writer's
+// byte order (either is read), the format revision (major 0 or 1; revision 1's system-dependent
+// strings are not read), N, and the offsets of two tables of N (length, offset) pairs: the
+// original strings and their translations, each string followed by a NUL byte. Throws
+// qkv::Error naming the file and what is wrong when it cannot be read, is shorter than the
+// 28-byte header, has another magic number or major revision, or a table or string runs past its
+// end or lacks its NUL. The bytes are not checked as UTF-8 here.
+std::vector<CatalogMessage> read_mo(const std::string& path);
+
+// Sentence pairs (source = translation, target = msgid: German -> English for a German catalog)
+// from compiled gettext catalogs, e.g. the German translations of Wesnoth's campaigns (Debian's
+// wesnoth-1.16-* packages, scripts/get-wesnoth-text.sh): the demo's --train-only data. Per
+// message, in the files' order (report->lines counts messages, report->used pairs kept):
+//   skip the header (empty msgid), plural messages and untranslated ones (empty msgstr);
+//   both sides lose their markup tags (a '<' followed by a letter, '/' or '!', up to the next
+//   '>'; a tag left open skips the message), are split into lines at '\n', each with whitespace
+//   runs collapsed to one space and trimmed, empty lines dropped; different line counts skip the
+//   message;
+//   each line is cut into sentences after . ! ? or … where a space and an upper-case letter (A-Z,
+//   Latin-1 À-Þ) or an opening quote (" ' „ “ ‚ ‘ « ») follow; when both sides give the same
+//   count the pieces are the sentences, else the whole lines;
+//   a pair of pieces is kept unless the sides are equal, the English has fewer than 2 words,
+//   either side holds $ % { } [ ] = @ # | _ \ & or a control character (format placeholders,
+//   mnemonics, entities), is longer than 300 bytes or is not well-formed UTF-8, or the same
+//   (German, English) pair was kept before.
+// Throws qkv::Error for an empty `paths` or as read_mo does.
+std::vector<TextPair> gettext_sentence_pairs(const std::vector<std::string>& paths, ReadReport* report = nullptr);
+
 // Every verse of the King James Bible in canonical order (Genesis 1:1 to Revelation 22:21,
 // 31,102 verses), text only, without references; runs of spaces collapsed to one. Runs the
 // `bible` program of Debian's bible-kjv (`bible -f Gen1:1-Rev22:21`: one "Ge1:1 text" line per
