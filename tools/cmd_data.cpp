@@ -75,7 +75,8 @@ struct GettextOptions {
 int run_gettext(const GettextOptions& o) {
   ReadReport report;
   const std::vector<TextPair> pairs = gettext_sentence_pairs(o.catalogs, &report);
-  check(!pairs.empty(), "qkv data gettext: no sentence pair in the ", report.lines, " messages of ", o.catalogs.size(),
+  check(!pairs.empty(), "qkv data gettext: no sentence pair in the ", report.lines,
+        report.lines == 1 ? " message of " : " messages of ", o.catalogs.size(),
         o.catalogs.size() == 1 ? " catalog " + o.catalogs[0] : std::string(" catalogs"),
         "; expected compiled catalogs (.mo) translating English messages into another language");
   write_pairs(pairs, report, o.reverse,
