@@ -31,10 +31,10 @@ struct DingOptions {
   bool reverse = false;
 };
 
-// pairs (German -> English) as one "source<TAB>target\n" each, written to `path`; source =
+// pairs (`language` -> English) as one "source<TAB>target\n" each, written to `path`; source =
 // English unless reverse. `from` names what they were read from.
-void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, bool reverse, const std::string& from,
-                 const std::string& path, const char* what) {
+void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, bool reverse, const std::string& language,
+                 const std::string& from, const std::string& path, const char* what) {
   std::string bytes;
   for (const TextPair& p : pairs) {
     const std::string& src = reverse ? p.source : p.target;
@@ -45,7 +45,7 @@ void write_pairs(const std::vector<TextPair>& pairs, const ReadReport& report, b
     bytes += '\n';
   }
   write_file_atomic(path, bytes);
-  std::cout << "wrote " << pairs.size() << " " << what << " (" << (reverse ? "German<TAB>English" : "English<TAB>German")
+  std::cout << "wrote " << pairs.size() << " " << what << " (" << (reverse ? language + "<TAB>English" : "English<TAB>" + language)
             << ", " << bytes.size() << " bytes) to " << path << " from " << from;
   if (report.malformed > 0)
     std::cout << "; " << report.malformed << " malformed lines skipped (first: line " << report.first_malformed_line
@@ -59,8 +59,9 @@ int run_ding(const DingOptions& o) {
   std::vector<TextPair> phrases;
   ReadReport phrase_report;
   if (!o.phrases.empty()) phrases = ding_phrase_pairs(o.dict, &phrase_report);
-  write_pairs(pairs, report, o.reverse, o.dict, o.out, "sentence pairs");
-  if (!o.phrases.empty()) write_pairs(phrases, phrase_report, o.reverse, o.dict, o.phrases, "word and phrase pairs");
+  write_pairs(pairs, report, o.reverse, "German", o.dict, o.out, "sentence pairs");
+  if (!o.phrases.empty())
+    write_pairs(phrases, phrase_report, o.reverse, "German", o.dict, o.phrases, "word and phrase pairs");
   return 0;
 }
 
@@ -79,7 +80,7 @@ int run_gettext(const GettextOptions& o) {
         report.lines == 1 ? " message of " : " messages of ", o.catalogs.size(),
         o.catalogs.size() == 1 ? " catalog " + o.catalogs[0] : std::string(" catalogs"),
         "; expected compiled catalogs (.mo) translating English messages into another language");
-  write_pairs(pairs, report, o.reverse,
+  write_pairs(pairs, report, o.reverse, "translation",
               detail::concat(report.lines, " messages of ", o.catalogs.size(), o.catalogs.size() == 1 ? " catalog" : " catalogs"),
               o.out, "sentence pairs");
   return 0;
