@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # qkv's main job, from a fresh Debian 12 machine: install dependencies, build, show the chapter's
 # worked example, then train a small English->German transformer on the Ding dictionary's
-# sentence pairs (and, for training only, the German translations of Wesnoth's campaigns) for a
+# sentence pairs (and, for training only, the German translations of free games' story text) for a
 # bounded time, translate sentences held out from training, score the
 # held-out test set (BLEU, chrF) and draw a cross-attention map.
 #
@@ -21,10 +21,11 @@ echo "== data: whole-sentence English-German pairs from the Ding dictionary (pac
 mkdir -p "$(dirname "$OUT")"
 build/qkv data ding --out "$(dirname "$OUT")/ding-en-de.tsv"
 echo
-echo "== more sentences, for training only: Wesnoth's campaigns in German (the gettext catalogs of Debian's"
-echo "   wesnoth-1.16-* packages: downloaded with apt-get download, about 290 MB, not installed)"
-scripts/get-wesnoth-text.sh "$(dirname "$OUT")/wesnoth-de"
-build/qkv data gettext --out "$(dirname "$OUT")/wesnoth-en-de.tsv" "$(dirname "$OUT")"/wesnoth-de/*.mo
+echo "== more sentences, for training only: free games' story text in German (the gettext catalogs of"
+echo "   Debian's packages of Wesnoth, Cataclysm: DDA, FreeDink and FreedroidRPG: downloaded once with"
+echo "   apt-get download, about 580 MB, not installed; 8 MB of catalogs kept)"
+scripts/get-game-text.sh "$(dirname "$OUT")/game-text-de"
+build/qkv data gettext --out "$(dirname "$OUT")/games-en-de.tsv" "$(dirname "$OUT")"/game-text-de/*.mo
 echo
 echo "== training a tiny encoder-decoder for $MINUTES minutes (Ctrl-C stops and saves; --resume continues)"
 if [ -f "$OUT/checkpoint.safetensors" ]; then
@@ -37,8 +38,8 @@ else
   # 0.2, batches of 2500 tokens, the 2017 learning-rate formula at 0.7x with 800 warmup steps
   # (post-norm layers need a gentler peak than the formula's at this width), bf16 products where
   # the CPU has them, and the mean of the last 12 validations' weights (one every 100 steps) if
-  # it validates better; each epoch the Ding training sentences and the next half as many of
-  # Wesnoth's (never validated or tested on; any that repeats a held-out sentence is left out)
+  # it validates better; each epoch the Ding training sentences and the next half as many
+  # of the games' (never validated or tested on; any that repeats a held-out sentence is left out)
   cat > "$(dirname "$OUT")/ende-config.json" <<'JSON'
 {"arch": "encoder-decoder", "d_model": 128, "n_heads": 4, "d_ff": 512, "n_encoder_layers": 2,
  "n_decoder_layers": 2, "norm_first": false, "final_norm": false, "positional": "sinusoidal_split_half",
@@ -47,7 +48,7 @@ JSON
   build/qkv train --task translate --data "$(dirname "$OUT")/ding-en-de.tsv" --out "$OUT" \
     --config "$(dirname "$OUT")/ende-config.json" --vocab 8000 --max-tokens 2500 --max-len 64 --lr 0.7 --warmup 800 \
     --precision auto --average 12 --minutes "$MINUTES" --eval-every 100 \
-    --train-only "$(dirname "$OUT")/wesnoth-en-de.tsv" --train-only-ratio 0.5
+    --train-only "$(dirname "$OUT")/games-en-de.tsv" --train-only-ratio 0.5
 fi
 echo
 echo "== five held-out sentences (from $OUT/test.tsv): source / reference / qkv"

@@ -132,7 +132,7 @@ Runner add_data(CLI::App& app) {
   auto gt = std::make_shared<GettextOptions>();
   CLI::App* g = d->add_subcommand(
       "gettext", "Sentence pairs from compiled gettext catalogs (.mo): each English message and its translation, "
-                 "cut into sentences where both sides allow (e.g. Wesnoth's campaigns, scripts/get-wesnoth-text.sh)");
+                 "cut into sentences where both sides allow (e.g. free games' story text, scripts/get-game-text.sh)");
   g->add_option("catalogs", gt->catalogs, "The .mo files to read")->required()->check(CLI::ExistingFile);
   g->add_option("--out", gt->out, "TSV file to write: source<TAB>target per line")->required();
   g->add_flag("--reverse", gt->reverse, "Translation<TAB>English instead of English<TAB>translation");

@@ -16,6 +16,7 @@
 
 #include "qkv/data.h"
 #include "qkv/error.h"
+#include "corpus_text.h"
 
 namespace qkv {
 namespace {
@@ -32,7 +33,6 @@ std::vector<std::string_view> split(std::string_view s, std::string_view sep) {
   return out;
 }
 
-bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_ascii_letter(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'); }
 // Part of a word: an ASCII letter or digit, or any byte of a multi-byte UTF-8 character.
@@ -40,16 +40,6 @@ bool is_word_byte(char c) { return is_ascii_letter(c) || is_digit(c) || static_c
 
 char closer_of(char c) { return c == '(' ? ')' : c == '[' ? ']' : c == '<' ? '>' : c == '{' ? '}' : 0; }
 bool is_closer(char c) { return c == ')' || c == ']' || c == '>' || c == '}'; }
-
-// An upper-case letter starts `s`: A-Z, or U+00C0..U+00DE except U+00D7 (x sign), in UTF-8
-// C3 80..C3 9E except C3 97.
-bool starts_upper(std::string_view s) {
-  if (s.empty()) return false;
-  if (s[0] >= 'A' && s[0] <= 'Z') return true;
-  if (s.size() < 2 || static_cast<unsigned char>(s[0]) != 0xC3) return false;
-  const unsigned c1 = static_cast<unsigned char>(s[1]);
-  return c1 >= 0x80 && c1 <= 0x9E && c1 != 0x97;
-}
 
 // A Ding placeholder ("etw.", "sth.", ...) stands as a word of its own in `s` (ASCII case ignored).
 bool has_placeholder(std::string_view s) {
@@ -146,7 +136,7 @@ std::string ding_bare(std::string_view alt) {
   if (!open.empty()) return "";
   std::string s;
   for (char c : bare) {
-    if (is_ascii_space(c)) {
+    if (text::is_ascii_space(c)) {
       if (!s.empty() && s.back() != ' ') s += ' ';
       continue;
     }
@@ -164,11 +154,6 @@ bool plain_text(std::string_view s) {
          s.find("...") == std::string_view::npos && !has_placeholder(s);
 }
 
-int64_t word_count(std::string_view s) {
-  int64_t n = s.empty() ? 0 : 1;
-  for (char c : s) n += c == ' ';
-  return n;
-}
 
 }  // namespace
 
@@ -177,7 +162,7 @@ std::string ding_whole_sentence(std::string_view sub) {
   if (sub.find('{') != std::string_view::npos) return "";
   const std::string s = ding_bare(ding_alternatives(sub).front());
   // Keep s only if it reads as a whole sentence.
-  if (!starts_upper(s)) return "";
+  if (!text::starts_upper(s)) return "";
   if (s.back() != '.' && s.back() != '!' && s.back() != '?') return "";
   if (s.find(' ') == std::string::npos) return "";  // at least 2 words
   if (!plain_text(s)) return "";
@@ -189,7 +174,7 @@ std::vector<std::string> ding_phrases(std::string_view sub) {
   for (std::string_view alt : ding_alternatives(sub)) {
     if (static_cast<int64_t>(out.size()) == kDingPhraseAlternatives) break;
     std::string s = ding_bare(alt);
-    if (s.empty() || !plain_text(s) || word_count(s) > kDingPhraseWords) continue;
+    if (s.empty() || !plain_text(s) || text::word_count(s) > kDingPhraseWords) continue;
     if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
   }
   return out;

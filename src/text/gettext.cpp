@@ -11,6 +11,7 @@
 #include "qkv/data.h"
 #include "qkv/error.h"
 #include "qkv/files.h"
+#include "corpus_text.h"
 
 namespace qkv {
 namespace {
@@ -39,8 +40,6 @@ std::string_view table_string(const std::string& path, std::string_view b, uint6
   return b.substr(offset, length);
 }
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
-
 // `s` without its markup tags: each '<' followed by a letter, '/' or '!' up to the next '>' is
 // dropped. Sets *ok = false when such a tag is not closed.
 std::string strip_tags(std::string_view s, bool* ok) {
@@ -61,20 +60,6 @@ std::string strip_tags(std::string_view s, bool* ok) {
   return out;
 }
 
-// `s` with whitespace runs collapsed to one space, trimmed.
-std::string collapse(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (is_space(c)) {
-      if (!out.empty() && out.back() != ' ') out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  if (!out.empty() && out.back() == ' ') out.pop_back();
-  return out;
-}
-
 // The non-empty lines of `s` (split at '\n'), each collapsed.
 std::vector<std::string> text_lines(std::string_view s) {
   std::vector<std::string> out;
@@ -82,7 +67,7 @@ std::vector<std::string> text_lines(std::string_view s) {
   while (start <= s.size()) {
     size_t end = s.find('\n', start);
     if (end == std::string_view::npos) end = s.size();
-    std::string line = collapse(s.substr(start, end - start));
+    std::string line = text::collapse_spaces(s.substr(start, end - start));
     if (!line.empty()) out.push_back(std::move(line));
     start = end + 1;
   }
@@ -94,11 +79,7 @@ std::vector<std::string> text_lines(std::string_view s) {
 bool sentence_start(std::string_view s, size_t at) {
   const std::string_view r = s.substr(at);
   if (r.empty()) return false;
-  if ((r[0] >= 'A' && r[0] <= 'Z') || r[0] == '"' || r[0] == '\'') return true;
-  if (r.size() >= 2 && static_cast<unsigned char>(r[0]) == 0xC3) {
-    const unsigned c1 = static_cast<unsigned char>(r[1]);
-    return c1 >= 0x80 && c1 <= 0x9E && c1 != 0x97;
-  }
+  if (text::starts_upper(r) || r[0] == '"' || r[0] == '\'') return true;
   if (r.size() >= 2 && static_cast<unsigned char>(r[0]) == 0xC2)  // « »
     return static_cast<unsigned char>(r[1]) == 0xAB || static_cast<unsigned char>(r[1]) == 0xBB;
   if (r.size() >= 3 && static_cast<unsigned char>(r[0]) == 0xE2 && static_cast<unsigned char>(r[1]) == 0x80) {
@@ -132,12 +113,6 @@ bool clean_piece(const std::string& s) {
   for (char c : s)
     if (std::strchr("$%{}[]=@#|_\\&", c) != nullptr || static_cast<unsigned char>(c) < 0x20 || c == 0x7F) return false;
   return utf8_problem(s).empty();
-}
-
-int64_t words(const std::string& s) {
-  int64_t n = s.empty() ? 0 : 1;
-  for (char c : s) n += c == ' ';
-  return n;
 }
 
 }  // namespace
@@ -212,7 +187,7 @@ std::vector<TextPair> gettext_sentence_pairs(const std::vector<std::string>& pat
           de = {de_lines[l]};
         }
         for (size_t k = 0; k < en.size(); ++k) {
-          if (en[k] == de[k] || words(en[k]) < 2 || !clean_piece(en[k]) || !clean_piece(de[k])) continue;
+          if (en[k] == de[k] || text::word_count(en[k]) < 2 || !clean_piece(en[k]) || !clean_piece(de[k])) continue;
           if (!seen.insert(de[k] + '\0' + en[k]).second) continue;
           out.push_back({de[k], en[k]});
           ++r.used;
