@@ -154,7 +154,6 @@ bool plain_text(std::string_view s) {
          s.find("...") == std::string_view::npos && !has_placeholder(s);
 }
 
-
 }  // namespace
 
 std::string ding_whole_sentence(std::string_view sub) {
